@@ -1,0 +1,161 @@
+"""libcni-compatible attachment cache: `<cache_dir>/results/<network>-<containerID>-<ifname>`."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BeforeValidator, Field, ValidationError
+
+from cni._models import WireModel, validation_details
+from cni.errors import CNIError, ErrorCode
+
+CACHE_KIND: Final = "cniCacheV1"
+
+
+def _from_base64(value: Any) -> Any:
+    """JSON carries `config` as standard base64 (Go's []byte encoding)."""
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except binascii.Error as err:
+            raise ValueError(f"invalid base64: {err}") from None
+    return value
+
+
+class CacheEntry(WireModel):
+    """One cached attachment, field for field as libcni writes it."""
+
+    kind: Literal["cniCacheV1"] = CACHE_KIND
+    container_id: str = Field(alias="containerId")
+    config: Annotated[bytes, BeforeValidator(_from_base64)]
+    ifname: str = Field(alias="ifName")
+    network_name: str = Field(alias="networkName")
+    netns: str = ""
+    cni_args: list[tuple[str, str]] = Field(default_factory=list, alias="cniArgs")
+    capability_args: dict[str, Any] = Field(default_factory=dict, alias="capabilityArgs")
+    result: dict[str, Any] | None = None
+
+    def to_json(self) -> bytes:
+        """The file contents; empty optional fields are omitted like libcni's omitempty."""
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "containerId": self.container_id,
+            "config": base64.b64encode(self.config).decode(),
+            "ifName": self.ifname,
+            "networkName": self.network_name,
+        }
+        if self.netns:
+            out["netns"] = self.netns
+        if self.cni_args:
+            out["cniArgs"] = [list(pair) for pair in self.cni_args]
+        if self.capability_args:
+            out["capabilityArgs"] = self.capability_args
+        if self.result is not None:
+            out["result"] = self.result
+        return json.dumps(out).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> CacheEntry:
+        """Parse a cache file; CNIError(DECODE_FAILURE) if it is not a cniCacheV1 entry."""
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as err:
+            raise CNIError(
+                ErrorCode.DECODE_FAILURE, "invalid CNI cache entry", validation_details(err)
+            ) from None
+
+
+class ResultCache:
+    """Reads and writes attachment entries under `<cache_dir>/results`."""
+
+    def __init__(self, cache_dir: str | Path) -> None:
+        self.cache_dir = Path(cache_dir)
+        self.results_dir = self.cache_dir / "results"
+
+    def path(self, network_name: str, container_id: str, ifname: str) -> Path:
+        """The file holding one attachment's entry."""
+        name = f"{network_name}-{container_id}-{ifname}"
+        if not (network_name and container_id and ifname) or "/" in name or "\0" in name:
+            raise CNIError(
+                ErrorCode.INVALID_CONFIG,
+                f"cannot name a cache file after {name!r}",
+                "network name, container ID and ifname must be non-empty and contain no '/'",
+            )
+        return self.results_dir / name
+
+    def save(self, entry: CacheEntry) -> None:
+        """Atomically write an entry (directories 0700, file 0600)."""
+        target = self.path(entry.network_name, entry.container_id, entry.ifname)
+        try:
+            self.cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.results_dir.mkdir(mode=0o700, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.results_dir, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(entry.to_json())
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, target)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError as err:
+            raise CNIError(
+                ErrorCode.IO_FAILURE, f"cannot write CNI cache file {target}", str(err)
+            ) from None
+
+    def load(self, network_name: str, container_id: str, ifname: str) -> CacheEntry | None:
+        """The entry, or None if there is none; CNIError if it cannot be read or parsed."""
+        target = self.path(network_name, container_id, ifname)
+        try:
+            data = target.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise CNIError(
+                ErrorCode.IO_FAILURE, f"cannot read CNI cache file {target}", str(err)
+            ) from None
+        try:
+            return CacheEntry.from_json(data)
+        except CNIError as err:
+            raise CNIError(err.code, f"corrupt CNI cache file {target}", err.details) from None
+
+    def delete(self, network_name: str, container_id: str, ifname: str) -> None:
+        """Remove an entry; a missing one is fine."""
+        target = self.path(network_name, container_id, ifname)
+        try:
+            target.unlink(missing_ok=True)
+        except OSError as err:
+            raise CNIError(
+                ErrorCode.IO_FAILURE, f"cannot remove CNI cache file {target}", str(err)
+            ) from None
+
+    def entries(self, network_name: str | None = None) -> list[CacheEntry]:
+        """All readable entries (of one network if given), in file-name order."""
+        try:
+            names = sorted(os.listdir(self.results_dir))
+        except FileNotFoundError:
+            return []
+        except OSError as err:
+            raise CNIError(
+                ErrorCode.IO_FAILURE, f"cannot list CNI cache dir {self.results_dir}", str(err)
+            ) from None
+        found = []
+        for name in names:
+            if name.startswith("."):
+                continue
+            try:
+                entry = CacheEntry.from_json((self.results_dir / name).read_bytes())
+            except (OSError, CNIError):
+                continue
+            if not (entry.ifname and entry.network_name and entry.container_id):
+                continue
+            if network_name is None or entry.network_name == network_name:
+                found.append(entry)
+        return found

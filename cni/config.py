@@ -1,0 +1,138 @@
+"""Network configurations: loading a conf or conflist, and building each plugin's stdin."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cni.errors import CNIError, ErrorCode
+from cni.version import select_version
+
+# Go's strconv.ParseBool, which libcni uses for string-valued flags.
+_BOOL_STRINGS = {
+    **dict.fromkeys(("1", "t", "T", "TRUE", "true", "True"), True),
+    **dict.fromkeys(("0", "f", "F", "FALSE", "false", "False"), False),
+}
+
+
+@dataclass
+class NetworkConfigList:
+    """A conflist (a single conf is wrapped as a one-plugin list, like libcni)."""
+
+    name: str
+    cni_version: str
+    plugins: list[dict[str, Any]]
+    disable_check: bool
+    disable_gc: bool
+    raw: bytes
+    is_list: bool
+
+
+def load_network_config(data: bytes) -> NetworkConfigList:
+    """Parse a conf or conflist (a conflist is an object with "plugins").
+
+    CNIError(DECODE_FAILURE) if it is not a JSON object, CNIError(INVALID_CONFIG) for a
+    missing name/type or bad field, CNIError(INCOMPATIBLE_VERSION) for unsupported versions.
+    """
+    try:
+        conf = json.loads(data)
+    except ValueError as err:
+        raise CNIError(
+            ErrorCode.DECODE_FAILURE, "error parsing network configuration", str(err)
+        ) from None
+    if not isinstance(conf, dict):
+        raise CNIError(ErrorCode.DECODE_FAILURE, "network configuration must be a JSON object")
+    if "plugins" not in conf:
+        _check_plugin(conf, "network configuration")
+        return NetworkConfigList(
+            name=_name(conf),
+            cni_version=select_version(conf),
+            plugins=[conf],
+            disable_check=False,
+            disable_gc=False,
+            raw=data,
+            is_list=False,
+        )
+    name = _name(conf)
+    plugins = conf["plugins"]
+    if not isinstance(plugins, list) or not plugins:
+        raise CNIError(
+            ErrorCode.INVALID_CONFIG,
+            f"network configuration list {name!r} has no plugins",
+            "'plugins' must be a non-empty list of plugin objects",
+        )
+    for index, plugin in enumerate(plugins):
+        _check_plugin(plugin, f"plugin {index} of network {name!r}")
+    return NetworkConfigList(
+        name=name,
+        cni_version=select_version(conf),
+        plugins=plugins,
+        disable_check=_flag(conf, "disableCheck"),
+        disable_gc=_flag(conf, "disableGC"),
+        raw=data,
+        is_list=True,
+    )
+
+
+def _name(conf: Mapping[str, Any]) -> str:
+    name = conf.get("name")
+    if not isinstance(name, str) or not name:
+        raise CNIError(
+            ErrorCode.INVALID_CONFIG,
+            "network configuration has no 'name'",
+            "set 'name' to a non-empty string",
+        )
+    return name
+
+
+def _check_plugin(plugin: Any, what: str) -> None:
+    if not isinstance(plugin, dict):
+        raise CNIError(ErrorCode.INVALID_CONFIG, f"{what} must be a JSON object")
+    plugin_type = plugin.get("type")
+    if not isinstance(plugin_type, str) or not plugin_type:
+        raise CNIError(
+            ErrorCode.INVALID_CONFIG,
+            f"{what} has no 'type'",
+            "set 'type' to the plugin binary's name, or give a 'plugins' list",
+        )
+    if "/" in plugin_type:
+        raise CNIError(
+            ErrorCode.INVALID_CONFIG,
+            f"{what} has invalid type {plugin_type!r}",
+            "'type' is a binary name looked up in CNI_PATH and must not contain '/'",
+        )
+
+
+def _flag(conf: Mapping[str, Any], key: str) -> bool:
+    value = conf.get(key, False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value in _BOOL_STRINGS:
+        return _BOOL_STRINGS[value]
+    raise CNIError(ErrorCode.INVALID_CONFIG, f"{key!r} must be true or false, got {value!r}")
+
+
+def plugin_stdin(
+    net: NetworkConfigList,
+    plugin: Mapping[str, Any],
+    runtime_config: Mapping[str, Any],
+    prev_result: dict[str, Any] | None,
+) -> bytes:
+    """The config one plugin of `net` reads on stdin.
+
+    Injects the list's `name` and `cniVersion`, a `runtimeConfig` holding only the
+    capabilities the plugin declares true (omitted if none apply) and `prevResult`.
+    """
+    conf = dict(plugin)
+    conf["name"] = net.name
+    conf["cniVersion"] = net.cni_version
+    capabilities = plugin.get("capabilities")
+    if isinstance(capabilities, Mapping):
+        wanted = {k: v for k, v in runtime_config.items() if capabilities.get(k) is True}
+        if wanted:
+            conf["runtimeConfig"] = wanted
+    if prev_result is not None:
+        conf["prevResult"] = prev_result
+    return json.dumps(conf, separators=(",", ":")).encode()

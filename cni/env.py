@@ -1,0 +1,146 @@
+"""The CNI_* environment: parsing it on the plugin side, building it on the runtime side."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from cni.errors import CNIError, ErrorCode
+
+COMMANDS = ("ADD", "DEL", "CHECK", "STATUS", "GC", "VERSION")
+ENV_VARS = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH")
+"""Every variable a runtime sets; an executor must not let a stale one leak to a plugin."""
+
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "ADD": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"),
+    "CHECK": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"),
+    "DEL": ("CNI_CONTAINERID", "CNI_IFNAME", "CNI_PATH"),
+    "STATUS": ("CNI_PATH",),
+    "GC": ("CNI_PATH",),
+    "VERSION": (),
+}
+_CONTAINER_ID = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", re.ASCII)
+_MAX_IFNAME = 15
+
+
+@dataclass(frozen=True)
+class CmdArgs:
+    """One plugin invocation: the parsed environment plus the config bytes from stdin."""
+
+    command: str
+    container_id: str
+    netns: str
+    ifname: str
+    args: tuple[tuple[str, str], ...]
+    path: tuple[str, ...]
+    stdin: bytes
+
+    def arg(self, key: str) -> str | None:
+        """The value of `key` in CNI_ARGS (the last one if repeated), or None."""
+        found = None
+        for k, v in self.args:
+            if k == key:
+                found = v
+        return found
+
+
+def parse_cni_args(value: str) -> tuple[tuple[str, str], ...]:
+    """Split "K=V;K=V" into pairs; CNIError(INVALID_ENV) for an element without a key."""
+    pairs = []
+    for item in value.split(";"):
+        if not item:
+            continue
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise CNIError(
+                ErrorCode.INVALID_ENV,
+                f"invalid CNI_ARGS element {item!r}",
+                "expected KEY=VALUE pairs separated by ';'",
+            )
+        pairs.append((key, val))
+    return tuple(pairs)
+
+
+def format_cni_args(pairs: Iterable[tuple[str, str]]) -> str:
+    """Join pairs into the CNI_ARGS form "K=V;K=V"."""
+    return ";".join(f"{k}={v}" for k, v in pairs)
+
+
+def validate_container_id(cid: str) -> None:
+    """Reject container IDs the spec does not allow (CNIError(INVALID_ENV))."""
+    if not _CONTAINER_ID.fullmatch(cid):
+        raise CNIError(
+            ErrorCode.INVALID_ENV,
+            f"invalid CNI_CONTAINERID {cid!r}",
+            "must match ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$",
+        )
+
+
+def validate_ifname(name: str) -> None:
+    """Reject interface names Linux would refuse (CNIError(INVALID_ENV))."""
+    problem = ""
+    if not name:
+        problem = "it is empty"
+    elif len(name) > _MAX_IFNAME:
+        problem = f"it is longer than {_MAX_IFNAME} characters"
+    elif name in (".", ".."):
+        problem = "it is '.' or '..'"
+    elif any(c in "/:" or c.isspace() for c in name):
+        problem = "it contains '/', ':' or whitespace"
+    if problem:
+        raise CNIError(ErrorCode.INVALID_ENV, f"invalid interface name {name!r}: {problem}")
+
+
+def cmd_args_from_env(environ: Mapping[str, str], stdin: bytes) -> CmdArgs:
+    """Parse and validate the CNI_* variables the spec requires for CNI_COMMAND."""
+    command = environ.get("CNI_COMMAND", "")
+    if not command:
+        raise CNIError(ErrorCode.INVALID_ENV, "required environment variable CNI_COMMAND is unset")
+    if command not in _REQUIRED:
+        raise CNIError(
+            ErrorCode.INVALID_ENV,
+            f"unknown CNI_COMMAND {command!r}",
+            f"expected one of {', '.join(COMMANDS)}",
+        )
+    for var in _REQUIRED[command]:
+        if not environ.get(var):
+            raise CNIError(
+                ErrorCode.INVALID_ENV,
+                f"required environment variable {var} is unset",
+                f"the {command} command needs {', '.join(_REQUIRED[command])}",
+            )
+    args = CmdArgs(
+        command=command,
+        container_id=environ.get("CNI_CONTAINERID", ""),
+        netns=environ.get("CNI_NETNS", ""),
+        ifname=environ.get("CNI_IFNAME", ""),
+        args=parse_cni_args(environ.get("CNI_ARGS", "")),
+        path=tuple(p for p in environ.get("CNI_PATH", "").split(os.pathsep) if p),
+        stdin=stdin,
+    )
+    if command in ("ADD", "DEL", "CHECK"):
+        validate_container_id(args.container_id)
+        validate_ifname(args.ifname)
+    return args
+
+
+def cni_env(
+    command: str,
+    container_id: str,
+    netns: str,
+    ifname: str,
+    args: Iterable[tuple[str, str]],
+    path: Sequence[str],
+) -> dict[str, str]:
+    """The CNI_* variables a runtime sets to exec a plugin; empty values are left out."""
+    env = {
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": container_id,
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": ifname,
+        "CNI_ARGS": format_cni_args(args),
+        "CNI_PATH": os.pathsep.join(path),
+    }
+    return {k: v for k, v in env.items() if v}

@@ -1,0 +1,129 @@
+"""Runtime side of CNI: find a plugin binary and exec it the way libcni does."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from cni.env import ENV_VARS, cni_env
+from cni.errors import CNIError, ErrorCode
+from cni.version import CURRENT_VERSION
+
+log = logging.getLogger("plexus.cni")
+
+_BUSY_RETRIES = 5
+"""Retries when the binary is being written ("text file busy"), a second apart, as libcni."""
+
+
+def find_plugin(plugin_type: str, paths: Sequence[str]) -> str:
+    """The first regular executable file named `plugin_type` in `paths`."""
+    if not plugin_type or "/" in plugin_type:
+        raise CNIError(
+            ErrorCode.INVALID_CONFIG,
+            f"invalid plugin name {plugin_type!r}",
+            "a plugin type is a file name looked up in CNI_PATH and must not contain '/'",
+        )
+    for directory in paths:
+        candidate = os.path.join(directory, plugin_type)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise CNIError(
+        ErrorCode.INVALID_CONFIG,
+        f'failed to find plugin "{plugin_type}" in path [{" ".join(paths)}]',
+        "install the plugin binary into one of those directories or fix CNI_PATH",
+    )
+
+
+class Executor(Protocol):
+    """Runs one plugin: `env` holds the CNI_* variables; returns stdout or raises CNIError."""
+
+    def run(self, plugin_type: str, stdin: bytes, env: Mapping[str, str]) -> bytes: ...
+
+
+class ExecExecutor:
+    """Executor that execs plugin binaries found in env["CNI_PATH"]."""
+
+    def __init__(self, timeout: float | None = None) -> None:
+        self.timeout = timeout
+
+    def run(self, plugin_type: str, stdin: bytes, env: Mapping[str, str]) -> bytes:
+        """Exec the plugin; a non-zero exit becomes the CNIError it printed."""
+        paths = [p for p in env.get("CNI_PATH", "").split(os.pathsep) if p]
+        binary = find_plugin(plugin_type, paths)
+        # Drop any CNI_* we were called with so a stale value cannot reach the plugin.
+        full_env = {k: v for k, v in os.environ.items() if k not in ENV_VARS} | dict(env)
+        proc = self._exec(binary, stdin, full_env)
+        stderr = proc.stderr.decode(errors="replace").strip()
+        if proc.returncode != 0:
+            raise _plugin_error(proc.returncode, proc.stdout, stderr)
+        if stderr:
+            log.info("plugin stderr: %s", stderr, extra={"plugin": plugin_type})
+        return proc.stdout
+
+    def _exec(
+        self, binary: str, stdin: bytes, env: dict[str, str]
+    ) -> subprocess.CompletedProcess[bytes]:
+        attempt = 0
+        while True:
+            try:
+                return subprocess.run(
+                    [binary], input=stdin, capture_output=True, env=env, timeout=self.timeout
+                )
+            except subprocess.TimeoutExpired:
+                raise CNIError(
+                    ErrorCode.IO_FAILURE,
+                    f"plugin {binary} timed out after {self.timeout}s and was killed",
+                ) from None
+            except OSError as err:
+                if err.errno != errno.ETXTBSY or attempt == _BUSY_RETRIES:
+                    raise CNIError(
+                        ErrorCode.IO_FAILURE, f"cannot exec plugin {binary}", str(err)
+                    ) from None
+            attempt += 1
+            time.sleep(1)
+
+
+def _plugin_error(returncode: int, stdout: bytes, stderr: str) -> CNIError:
+    """The CNIError a failed plugin reported, or an I/O error describing its output."""
+    if not stdout.strip():
+        if stderr:
+            return CNIError(ErrorCode.IO_FAILURE, f"netplugin failed: {json.dumps(stderr)}")
+        return CNIError(
+            ErrorCode.IO_FAILURE,
+            f"netplugin failed with no error message: exit status {returncode}",
+        )
+    text = stdout.decode(errors="replace").strip()
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        return CNIError.from_dict(data)
+    except (ValueError, CNIError) as err:
+        return CNIError(ErrorCode.IO_FAILURE, f"netplugin failed: {json.dumps(text)}", str(err))
+
+
+def version_info(executor: Executor, plugin_type: str, paths: Sequence[str]) -> dict[str, Any]:
+    """Ask a plugin which spec versions it supports (the VERSION verb)."""
+    env = cni_env("VERSION", "", "", "", (), paths)
+    stdin = json.dumps({"cniVersion": CURRENT_VERSION}).encode()
+    out = executor.run(plugin_type, stdin, env)
+    try:
+        info = json.loads(out)
+    except ValueError as err:
+        raise CNIError(
+            ErrorCode.DECODE_FAILURE,
+            f"plugin {plugin_type!r} printed invalid VERSION output",
+            str(err),
+        ) from None
+    if not isinstance(info, dict) or not isinstance(info.get("supportedVersions"), list):
+        raise CNIError(
+            ErrorCode.DECODE_FAILURE,
+            f"plugin {plugin_type!r} VERSION output has no 'supportedVersions' list",
+        )
+    return info

@@ -1,0 +1,117 @@
+"""The `plexus` command line: install-cni, cni (replay a call by hand), demo."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CNI_PATH = "/opt/cni/bin:/usr/lib/cni"
+VERBS = ("add", "check", "del", "status", "gc", "version")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="plexus", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    install = sub.add_parser("install-cni", help="install the plexus CNI binaries into a dir")
+    install.add_argument("--bin-dir", default="/opt/cni/bin")
+
+    cni = sub.add_parser("cni", help="replay one CNI call by hand, as cnitool does")
+    cni.add_argument("verb", choices=VERBS)
+    cni.add_argument("--conf", required=True, help="a .conf or .conflist file")
+    cni.add_argument("--netns", default="", help="network namespace path")
+    cni.add_argument("--ifname", default="eth0")
+    cni.add_argument("--container-id", default="", help="default: derived from --netns")
+    cni.add_argument("--args", default="", help="CNI_ARGS, K=V;K=V")
+    cni.add_argument("--cap-args", default="{}", help="capability args as a JSON object")
+    cni.add_argument(
+        "--valid", default="[]", help="gc: JSON list of [containerID, ifname] pairs to keep"
+    )
+    cni.add_argument("--path", default=os.environ.get("CNI_PATH", DEFAULT_CNI_PATH))
+    cni.add_argument("--cache-dir", default="/var/lib/cni", help="libcni result cache root")
+
+    sub.add_parser("demo", help="two pods, two networks, no Kubernetes: see it work")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.command == "install-cni":
+        from meta.install import install_binaries
+
+        for path in install_binaries(args.bin_dir):
+            print(f"installed {path}")
+    elif args.command == "cni":
+        sys.exit(replay(args))
+    elif args.command == "demo":
+        from meta.demo import run_demo
+
+        sys.exit(run_demo())
+
+
+def replay(args: argparse.Namespace) -> int:
+    """Run one verb of a network config through its plugins and print the outcome."""
+    from cni.config import load_network_config
+    from cni.env import parse_cni_args
+    from cni.errors import CNIError
+    from cni.invoke import ExecExecutor, version_info
+    from cni.runtime import CNIRuntime, RuntimeConf
+    from meta import logs
+
+    logs.configure("debug", "", True)
+    paths = [p for p in args.path.split(os.pathsep) if p]
+    try:
+        net = load_network_config(Path(args.conf).read_bytes())
+        runtime = CNIRuntime(paths, args.cache_dir)
+        container_id = args.container_id or _container_id(args.netns)
+        rt = RuntimeConf(
+            container_id,
+            args.netns,
+            args.ifname,
+            parse_cni_args(args.args),
+            _json_object(args.cap_args),
+        )
+        output: Any = None
+        if args.verb == "add":
+            output = runtime.add(net, rt).to_dict(net.cni_version)
+        elif args.verb == "check":
+            runtime.check(net, rt)
+        elif args.verb == "del":
+            runtime.delete(net, rt)
+        elif args.verb == "status":
+            runtime.status(net)
+        elif args.verb == "gc":
+            runtime.gc(net, [(str(c), str(i)) for c, i in json.loads(args.valid)])
+        else:
+            output = {
+                p["type"]: version_info(ExecExecutor(), p["type"], paths) for p in net.plugins
+            }
+    except CNIError as exc:
+        print(json.dumps(exc.to_dict("1.1.0"), indent=2))
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"plexus cni: {exc}", file=sys.stderr)
+        return 2
+    if output is not None:
+        print(json.dumps(output, indent=2))
+    print(
+        f"{args.verb.upper()} of {net.name} for {container_id}/{args.ifname}: ok", file=sys.stderr
+    )
+    return 0
+
+
+def _container_id(netns: str) -> str:
+    # Like cnitool: a stable ID per namespace path.
+    return "cnitool-" + hashlib.sha512(netns.encode()).hexdigest()[:20]
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("--cap-args must be a JSON object")
+    return value

@@ -1,0 +1,99 @@
+"""The meta-plugin's own CNI config: Multus's keys plus Plexus's."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from cni.errors import CNIError, ErrorCode
+
+DEFAULT_CNI_DIR = "/var/lib/cni/plexus"
+DEFAULT_CONF_DIR = "/etc/cni/multus/net.d"
+
+
+class MetaConfig(BaseModel):
+    """`{"type": "plexus", ...}` as the runtime hands it to us on stdin."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+
+    cni_version: str = Field(alias="cniVersion")
+    name: str
+    type: str
+    delegates: list[dict[str, Any]] = Field(default_factory=list)
+    cluster_network: str = Field("", alias="clusterNetwork")
+    default_networks: list[str] = Field(default_factory=list, alias="defaultNetworks")
+    system_namespaces: list[str] = Field(default=["kube-system"], alias="systemNamespaces")
+    multus_namespace: str = Field("kube-system", alias="multusNamespace")
+    namespace_isolation: bool = Field(False, alias="namespaceIsolation")
+    global_namespaces: list[str] = Field(default_factory=list, alias="globalNamespaces")
+    conf_dir: str = Field(DEFAULT_CONF_DIR, alias="confDir")
+    cni_dir: str = Field(DEFAULT_CNI_DIR, alias="cniDir")
+    bin_dir: str = Field("", alias="binDir")
+    readiness_indicator_file: str = Field("", alias="readinessindicatorfile")
+    log_file: str = Field("", alias="logFile")
+    log_level: str = Field("info", alias="logLevel")
+    log_to_stderr: bool = Field(True, alias="logToStderr")
+    retry_delete_on_error: bool = Field(False, alias="retryDeleteOnError")
+    kubeconfig: str = ""
+    cluster_dir: str = Field("", alias="clusterDir")
+    runtime_config: dict[str, Any] = Field(default_factory=dict, alias="runtimeConfig")
+    capabilities: dict[str, bool] = Field(default_factory=dict)
+
+    @field_validator("global_namespaces", "system_namespaces", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        # Multus writes these as one comma-separated string; accept both forms.
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.lower()
+        if level not in {"debug", "verbose", "info", "warning", "error", "panic"}:
+            raise ValueError(f"unknown logLevel {value!r}")
+        return level
+
+    @property
+    def has_cluster(self) -> bool:
+        """True when pods and NADs come from a cluster source."""
+        return bool(self.kubeconfig or self.cluster_dir)
+
+    def namespace_allowed(self, pod_namespace: str, network_namespace: str) -> bool:
+        """namespaceIsolation: a pod may use only its own or a global namespace's NADs."""
+        if not self.namespace_isolation or pod_namespace == network_namespace:
+            return True
+        return network_namespace in self.global_namespaces
+
+
+def load_meta_config(data: bytes) -> MetaConfig:
+    """Parse the meta-plugin config from the runtime's stdin."""
+    try:
+        raw = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CNIError(
+            ErrorCode.DECODE_FAILURE, "cannot decode the plexus config", str(exc)
+        ) from exc
+    if not isinstance(raw, dict):
+        raise CNIError(ErrorCode.DECODE_FAILURE, "the plexus config must be a JSON object")
+    try:
+        conf = MetaConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise CNIError(ErrorCode.INVALID_CONFIG, "invalid plexus config", _describe(exc)) from exc
+    if not conf.delegates and not conf.cluster_network:
+        raise CNIError(
+            ErrorCode.INVALID_CONFIG,
+            "invalid plexus config: set clusterNetwork or at least one entry in delegates",
+        )
+    return conf
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "config"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)

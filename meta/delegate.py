@@ -1,0 +1,41 @@
+"""One attachment the meta-plugin makes: a network config bound to an interface."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from cni.config import NetworkConfigList, load_network_config
+
+
+class Delegate(BaseModel):
+    """A network to attach, ready to run; persisted in the attachment record."""
+
+    network: str = Field(description="name in network-status: ns/name, or the config's name")
+    ifname: str
+    config: dict[str, Any] = Field(description="the conf or conflist to run, fully resolved")
+    default: bool = False
+    capability_args: dict[str, Any] = Field(default_factory=dict)
+    gateway_request: list[str] = Field(default_factory=list)
+    device_info: dict[str, Any] | None = None
+
+    @property
+    def config_bytes(self) -> bytes:
+        return json.dumps(self.config, separators=(",", ":")).encode()
+
+    def network_config(self) -> NetworkConfigList:
+        """The config as the protocol layer runs it."""
+        return load_network_config(self.config_bytes)
+
+    @property
+    def plugin_types(self) -> list[str]:
+        if "plugins" in self.config:
+            return [str(p.get("type", "")) for p in self.config["plugins"]]
+        return [str(self.config.get("type", ""))]
+
+    @property
+    def label(self) -> str:
+        """How logs and errors name this attachment."""
+        return f"{self.network} ({self.ifname}, {'+'.join(self.plugin_types)})"

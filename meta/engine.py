@@ -1,0 +1,456 @@
+"""ADD, DEL, CHECK, STATUS and GC across all of a pod's networks.
+
+The engine touches the world only through three seams: the cluster source
+(pods, NADs, status, events), the CNI runtime (delegates) and the attachment
+records; plus netlink for `default-route`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from cni.env import CmdArgs
+from cni.errors import CNIError, ErrorCode
+from cni.result import Result
+from cni.runtime import CNIRuntime, RuntimeConf
+from cni.version import version_at_least
+from meta import routes
+from meta.attachments import NetworkNotFound, Resolver
+from meta.config import MetaConfig
+from meta.delegate import Delegate
+from meta.logs import StepLogger
+from meta.records import AttachmentRecord, RecordStore
+from meta.sources.base import ClusterSource, Pod
+from meta.status import network_statuses, render
+
+READINESS_WAIT_SECONDS = 10.0
+
+
+class Engine:
+    """One meta config's view of the node: resolve, attach, undo, verify."""
+
+    def __init__(
+        self,
+        conf: MetaConfig,
+        source: ClusterSource | None,
+        runtime: CNIRuntime,
+        records: RecordStore,
+    ) -> None:
+        self.conf = conf
+        self.source = source
+        self.runtime = runtime
+        self.records = records
+
+    # ---- ADD -----------------------------------------------------------------
+
+    def add(self, args: CmdArgs) -> Result:
+        log = _call_log("add", args)
+        self._wait_for_readiness(log)
+        with self._lock(exclusive=False):
+            pod = self._find_pod(args, log)
+            if pod is None and self._pod_expected(args):
+                log.warning("pod not found: returning an empty result without attaching anything")
+                return Result(cniVersion=self.conf.cni_version)
+            delegates = self._resolve(args, pod, log)
+            plan = routes.plan_default_routes(delegates)
+            self.records.save(
+                AttachmentRecord(
+                    container_id=args.container_id,
+                    netns=args.netns,
+                    ifname=args.ifname,
+                    pod_namespace=pod.namespace if pod else "",
+                    pod_name=pod.name if pod else "",
+                    pod_uid=pod.uid if pod else "",
+                    cni_args=list(args.args),
+                    delegates=delegates,
+                )
+            )
+            results = self._attach_all(args, delegates, plan, log)
+            try:
+                self._report(pod, delegates, results, log)
+            except CNIError:
+                self._rollback(args, delegates, log)
+                raise
+            default = next(r for d, r in zip(delegates, results, strict=True) if d.default)
+            return default.convert(self.conf.cni_version)
+
+    def _attach_all(
+        self, args: CmdArgs, delegates: list[Delegate], plan: routes.RoutePlan, log: StepLogger
+    ) -> list[Result]:
+        results: list[Result] = []
+        try:
+            for delegate in delegates:
+                results.append(self._attach(args, delegate, log))
+            with log.step("default-route", plan=str(plan)) if not plan.empty else _nothing():
+                routes.apply_to_netns(args.netns, plan)
+            results = [
+                self._rewrite_routes(args, d, r, plan)
+                for d, r in zip(delegates, results, strict=True)
+            ]
+        except CNIError:
+            self._rollback(args, delegates[: len(results) + 1], log)
+            raise
+        return results
+
+    def _attach(self, args: CmdArgs, delegate: Delegate, log: StepLogger) -> Result:
+        with log.step(
+            "delegate add",
+            network=delegate.network,
+            ifname=delegate.ifname,
+            delegate="+".join(delegate.plugin_types),
+        ) as fields:
+            try:
+                result = self.runtime.add(delegate.network_config(), self._rt(args, delegate))
+            except CNIError as exc:
+                raise CNIError(
+                    exc.code, f"ADD of {delegate.label} failed: {exc.msg}", exc.details
+                ) from exc
+            fields["ips"] = result.ip_strings()
+            return result
+
+    def _rewrite_routes(
+        self, args: CmdArgs, delegate: Delegate, result: Result, plan: routes.RoutePlan
+    ) -> Result:
+        if delegate.ifname not in plan.strip and delegate.ifname not in plan.gateways:
+            return result
+        updated = routes.apply_to_result(result, delegate.ifname, plan)
+        net = delegate.network_config()
+        entry = self.runtime.cache.load(net.name, args.container_id, delegate.ifname)
+        if entry is not None:
+            entry.result = updated.to_dict(net.cni_version)
+            self.runtime.cache.save(entry)
+        return updated
+
+    def _rollback(self, args: CmdArgs, delegates: list[Delegate], log: StepLogger) -> None:
+        for delegate in reversed(delegates):
+            try:
+                with log.step(
+                    "rollback delegate del", network=delegate.network, ifname=delegate.ifname
+                ):
+                    self.runtime.delete(delegate.network_config(), self._rt(args, delegate))
+            except CNIError:
+                pass  # logged by the step; rollback goes on
+        self.records.delete(args.container_id)
+
+    def _report(
+        self, pod: Pod | None, delegates: list[Delegate], results: list[Result], log: StepLogger
+    ) -> None:
+        if pod is None or self.source is None:
+            return
+        statuses = []
+        for delegate, result in zip(delegates, results, strict=True):
+            statuses += network_statuses(
+                result.to_dict("1.1.0"), delegate.network, delegate.default, delegate.device_info
+            )
+        with log.step("write network-status", entries=len(statuses)):
+            self.source.set_network_status(pod, render(statuses))
+        for delegate, result in zip(delegates, results, strict=True):
+            cidrs = [str(ip.address) for ip in result.ips]
+            self.source.record_event(
+                pod,
+                "Normal",
+                "AddedInterface",
+                f"Add {delegate.ifname} [{','.join(cidrs)}] from {delegate.network}",
+            )
+
+    # ---- DEL -----------------------------------------------------------------
+
+    def delete(self, args: CmdArgs) -> None:
+        log = _call_log("del", args)
+        with self._lock(exclusive=False):
+            delegates, netns = self._delegates_for_delete(args, log)
+            errors = self._detach_all(
+                args.container_id, netns or args.netns, args.args, delegates, log
+            )
+            if errors:
+                raise _aggregate("DEL", errors)
+            self.records.delete(args.container_id)
+
+    def _delegates_for_delete(self, args: CmdArgs, log: StepLogger) -> tuple[list[Delegate], str]:
+        record = self.records.load(args.container_id)
+        if record is not None:
+            return record.delegates, args.netns
+        cached = self._delegates_from_result_cache(args.container_id)
+        if cached:
+            log.warning(
+                "no attachment record: deleting what the result cache holds",
+                networks=[d.network for d in cached],
+            )
+            return cached, args.netns
+        try:
+            delegates = self._resolve(args, self._find_pod(args, log), log, events=False)
+        except CNIError as exc:
+            log.warning(
+                "no attachment record and the pod's networks cannot be resolved: "
+                "deleting the default network only",
+                error=str(exc),
+            )
+            delegates = Resolver(self.conf, None, args.ifname).resolve(None)[:1]
+        log.warning(
+            "no attachment record: deleting the networks resolved from config",
+            networks=[d.network for d in delegates],
+        )
+        return delegates, args.netns
+
+    def _delegates_from_result_cache(self, container_id: str) -> list[Delegate]:
+        delegates = []
+        for entry in self.runtime.cache.entries():
+            if entry.container_id != container_id:
+                continue
+            try:
+                config = json.loads(entry.config)
+            except (ValueError, UnicodeDecodeError):
+                continue
+            delegates.append(
+                Delegate(
+                    network=entry.network_name,
+                    ifname=entry.ifname,
+                    config=config,
+                    default=False,
+                    capability_args=entry.capability_args,
+                )
+            )
+        return delegates
+
+    def _detach_all(
+        self,
+        container_id: str,
+        netns: str,
+        cni_args: tuple[tuple[str, str], ...] | list[tuple[str, str]],
+        delegates: list[Delegate],
+        log: StepLogger,
+    ) -> list[tuple[Delegate, CNIError]]:
+        errors = []
+        for delegate in reversed(delegates):
+            rt = RuntimeConf(
+                container_id, netns, delegate.ifname, tuple(cni_args), delegate.capability_args
+            )
+            attempts = 2 if self.conf.retry_delete_on_error else 1
+            for attempt in range(1, attempts + 1):
+                try:
+                    with log.step(
+                        "delegate del",
+                        network=delegate.network,
+                        ifname=delegate.ifname,
+                        attempt=attempt,
+                    ):
+                        self.runtime.delete(delegate.network_config(), rt)
+                    break
+                except CNIError as exc:
+                    if attempt == attempts:
+                        errors.append((delegate, exc))
+        return errors
+
+    # ---- CHECK ---------------------------------------------------------------
+
+    def check(self, args: CmdArgs) -> None:
+        log = _call_log("check", args)
+        with self._lock(exclusive=False):
+            record = self.records.load(args.container_id)
+            if record is None:
+                raise CNIError(
+                    ErrorCode.UNKNOWN_CONTAINER,
+                    f"CHECK: no attachment record for container {args.container_id}",
+                )
+            errors = []
+            for delegate in record.delegates:
+                net = delegate.network_config()
+                if not version_at_least(net.cni_version, "0.4.0"):
+                    log.info(
+                        "delegate check skipped: cniVersion below 0.4.0",
+                        network=delegate.network,
+                        ifname=delegate.ifname,
+                    )
+                    continue
+                try:
+                    with log.step(
+                        "delegate check", network=delegate.network, ifname=delegate.ifname
+                    ):
+                        self.runtime.check(net, self._rt(args, delegate))
+                except CNIError as exc:
+                    errors.append((delegate, exc))
+            if errors:
+                raise _aggregate("CHECK", errors)
+
+    # ---- STATUS --------------------------------------------------------------
+
+    def status(self, args: CmdArgs) -> None:
+        """Ready when the default network is; secondary problems are only logged."""
+        log = _call_log("status", args)
+        delegates = self._static_networks()
+        with log.step("default network status", network=delegates[0].network):
+            self.runtime.status(delegates[0].network_config())
+        for delegate in delegates[1:]:
+            try:
+                self.runtime.status(delegate.network_config())
+            except CNIError as exc:
+                log.warning(
+                    "secondary network not ready (node stays Ready)",
+                    network=delegate.network,
+                    error=str(exc),
+                )
+
+    def _static_networks(self) -> list[Delegate]:
+        resolver = Resolver(self.conf, self.source, "eth0")
+        if self.conf.delegates:
+            return resolver.resolve(None)
+        cluster = resolver.resolve(None)[:1]
+        return cluster + [
+            resolver._named_delegate(ref, i + 1) for i, ref in enumerate(self.conf.default_networks)
+        ]
+
+    # ---- GC ------------------------------------------------------------------
+
+    def gc(self, args: CmdArgs) -> None:
+        """DEL every recorded attachment the runtime no longer lists, then GC every network."""
+        log = _call_log("gc", args)
+        valid = _valid_attachments(self.conf)
+        errors: list[tuple[Delegate, CNIError]] = []
+        with self._lock(exclusive=True):
+            kept: list[AttachmentRecord] = []
+            for record in self.records.all():
+                if (record.container_id, record.ifname) in valid:
+                    kept.append(record)
+                    continue
+                log.info(
+                    "gc: removing stale attachment",
+                    container=record.container_id,
+                    networks=[d.network for d in record.delegates],
+                )
+                failed = self._detach_all(
+                    record.container_id, record.netns, record.cni_args, record.delegates, log
+                )
+                errors += failed
+                if not failed:
+                    self.records.delete(record.container_id)
+            for delegate, attachments in self._networks_to_gc(kept):
+                try:
+                    with log.step("delegate gc", network=delegate.network, valid=len(attachments)):
+                        self.runtime.gc(delegate.network_config(), attachments)
+                except CNIError as exc:
+                    errors.append((delegate, exc))
+        if errors:
+            raise _aggregate("GC", errors)
+
+    def _networks_to_gc(
+        self, records: list[AttachmentRecord]
+    ) -> list[tuple[Delegate, list[tuple[str, str]]]]:
+        """Each known network once, with the attachments still valid on it."""
+        by_name: dict[str, tuple[Delegate, list[tuple[str, str]]]] = {}
+        for delegate in self._static_networks():
+            by_name.setdefault(delegate.network_config().name, (delegate, []))
+        for record in records:
+            for delegate in record.delegates:
+                name = delegate.network_config().name
+                entry = by_name.setdefault(name, (delegate, []))
+                entry[1].append((record.container_id, delegate.ifname))
+        return list(by_name.values())
+
+    # ---- shared --------------------------------------------------------------
+
+    def _rt(self, args: CmdArgs, delegate: Delegate) -> RuntimeConf:
+        return RuntimeConf(
+            args.container_id, args.netns, delegate.ifname, args.args, delegate.capability_args
+        )
+
+    def _pod_expected(self, args: CmdArgs) -> bool:
+        return self.source is not None and bool(args.arg("K8S_POD_NAME"))
+
+    def _find_pod(self, args: CmdArgs, log: StepLogger) -> Pod | None:
+        namespace, name = args.arg("K8S_POD_NAMESPACE") or "", args.arg("K8S_POD_NAME") or ""
+        if self.source is None or not name:
+            return None
+        with log.step("get pod"):
+            pod = self.source.get_pod(namespace or "default", name)
+        uid = args.arg("K8S_POD_UID") or ""
+        if pod is not None and uid and pod.uid and uid != pod.uid and not pod.static:
+            raise CNIError(
+                ErrorCode.UNKNOWN_CONTAINER,
+                f"pod {namespace}/{name}: the runtime's K8S_POD_UID {uid} is not the UID of the "
+                f"pod now stored ({pod.uid}); this sandbox belongs to an older pod of that name",
+            )
+        return pod
+
+    def _resolve(
+        self, args: CmdArgs, pod: Pod | None, log: StepLogger, events: bool = True
+    ) -> list[Delegate]:
+        try:
+            with log.step("resolve networks") as fields:
+                delegates = Resolver(self.conf, self.source, args.ifname).resolve(pod)
+                fields["networks"] = [f"{d.network}@{d.ifname}" for d in delegates]
+                return delegates
+        except NetworkNotFound as exc:
+            if events and pod is not None and self.source is not None:
+                self.source.record_event(pod, "Warning", "NoNetworkFound", str(exc))
+            raise
+
+    def _wait_for_readiness(self, log: StepLogger) -> None:
+        path = self.conf.readiness_indicator_file
+        if not path:
+            return
+        deadline = time.monotonic() + READINESS_WAIT_SECONDS
+        while not os.path.exists(path):
+            if time.monotonic() > deadline:
+                raise CNIError(
+                    ErrorCode.TRY_AGAIN_LATER,
+                    f"the default network is not ready: {path} does not exist "
+                    f"(waited {READINESS_WAIT_SECONDS:.0f}s)",
+                )
+            time.sleep(0.1)
+        log.info("readiness indicator present", file=path)
+
+    @contextmanager
+    def _lock(self, exclusive: bool) -> Iterator[None]:
+        """GC excludes everything else; ADD/DEL/CHECK only exclude GC."""
+        Path(self.conf.cni_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(os.path.join(self.conf.cni_dir, "gc.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)
+
+
+@contextmanager
+def _nothing() -> Iterator[dict[str, Any]]:
+    yield {}
+
+
+def _call_log(verb: str, args: CmdArgs) -> StepLogger:
+    fields: dict[str, Any] = {"verb": verb}
+    if args.container_id:
+        fields["cid"] = args.container_id[:12]
+    name = args.arg("K8S_POD_NAME")
+    if name:
+        fields["pod"] = f"{args.arg('K8S_POD_NAMESPACE') or 'default'}/{name}"
+    return StepLogger("engine", **fields)
+
+
+def _valid_attachments(conf: MetaConfig) -> set[tuple[str, str]]:
+    extra = conf.model_extra or {}
+    raw = extra.get("cni.dev/valid-attachments", extra.get("cni.dev/attachments", []))
+    if not isinstance(raw, list):
+        raise CNIError(ErrorCode.INVALID_CONFIG, "cni.dev/valid-attachments must be a list")
+    valid = set()
+    for item in raw:
+        if not isinstance(item, dict) or "containerID" not in item or "ifname" not in item:
+            raise CNIError(
+                ErrorCode.INVALID_CONFIG,
+                f"cni.dev/valid-attachments: {item!r} lacks containerID or ifname",
+            )
+        valid.add((str(item["containerID"]), str(item["ifname"])))
+    return valid
+
+
+def _aggregate(verb: str, errors: list[tuple[Delegate, CNIError]]) -> CNIError:
+    messages = [f"{d.label}: {e}" for d, e in errors]
+    return CNIError(
+        errors[0][1].code, f"{verb} failed for {len(errors)} network(s)", "; ".join(messages)
+    )

@@ -1,0 +1,1 @@
+"""Where the meta-plugin reads pods and NetworkAttachmentDefinitions and reports back to."""

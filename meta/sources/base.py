@@ -1,0 +1,67 @@
+"""The cluster-source interface the engine uses, and the objects it returns."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pydantic import BaseModel, Field, model_validator
+
+CONFIG_SOURCE_ANNOTATION = "kubernetes.io/config.source"
+CONFIG_MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+RESOURCE_NAME_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
+
+
+class Pod(BaseModel):
+    """The parts of a pod the meta-plugin needs."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    node_name: str = ""
+    static: bool = False  # made by the kubelet, not the API server; also set from annotations
+
+    @model_validator(mode="after")
+    def _detect_static(self) -> Pod:
+        """Static pods: config source other than "api", or a mirror-pod annotation."""
+        source = self.annotations.get(CONFIG_SOURCE_ANNOTATION, "api")
+        if source != "api" or CONFIG_MIRROR_ANNOTATION in self.annotations:
+            self.static = True
+        return self
+
+
+class NetworkAttachmentDefinition(BaseModel):
+    """A `k8s.cni.cncf.io/v1` NetworkAttachmentDefinition; `config` may be empty."""
+
+    namespace: str
+    name: str
+    config: str = ""
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def resource_name(self) -> str | None:
+        """The device-plugin resource this network's devices come from, if any."""
+        return self.annotations.get(RESOURCE_NAME_ANNOTATION) or None
+
+
+class ClusterSource(Protocol):
+    """Read pods and NADs, write the network-status annotation, record events.
+
+    Failures are raised as CNIError; an object that does not exist is None, not an error.
+    """
+
+    def get_pod(self, namespace: str, name: str) -> Pod | None:
+        """The pod, or None if there is no such pod."""
+        ...
+
+    def get_nad(self, namespace: str, name: str) -> NetworkAttachmentDefinition | None:
+        """The NetworkAttachmentDefinition, or None if there is none."""
+        ...
+
+    def set_network_status(self, pod: Pod, value: str) -> None:
+        """Write the network-status annotation value; a pod that is gone is not an error."""
+        ...
+
+    def record_event(self, pod: Pod, type_: str, reason: str, message: str) -> None:
+        """Record a pod event; `type_` is "Normal" or "Warning"."""
+        ...
