@@ -1,0 +1,1 @@
+"""CNI library: spec types and versions, the plugin skeleton and a libcni-style runtime."""

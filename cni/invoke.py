@@ -60,10 +60,10 @@ class ExecExecutor:
         full_env = {k: v for k, v in os.environ.items() if k not in ENV_VARS} | dict(env)
         proc = self._exec(binary, stdin, full_env)
         stderr = proc.stderr.decode(errors="replace").strip()
-        if proc.returncode != 0:
-            raise _plugin_error(proc.returncode, proc.stdout, stderr)
         if stderr:
             log.info("plugin stderr: %s", stderr, extra={"plugin": plugin_type})
+        if proc.returncode != 0:
+            raise _plugin_error(proc.returncode, proc.stdout, stderr)
         return proc.stdout
 
     def _exec(

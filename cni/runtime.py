@@ -219,17 +219,18 @@ class CNIRuntime:
 def _parse_result(out: bytes, net: NetworkConfigList, plugin: Mapping[str, Any]) -> Result:
     """A plugin's ADD output, read in its own version and converted to the list's."""
     try:
-        data = json.loads(out)
-    except ValueError as err:
+        try:
+            data = json.loads(out)
+        except ValueError as err:
+            raise CNIError(ErrorCode.DECODE_FAILURE, "it is not JSON", str(err)) from None
+        if not isinstance(data, dict):
+            raise CNIError(ErrorCode.DECODE_FAILURE, "it is not a JSON object")
+        # A result without cniVersion is in the config's version (libcni decodes it so).
+        data.setdefault("cniVersion", net.cni_version)
+        return Result.from_dict(data).convert(net.cni_version)
+    except CNIError as err:
         raise CNIError(
-            ErrorCode.DECODE_FAILURE,
-            f'plugin "{plugin["type"]}" printed an invalid ADD result',
-            str(err),
+            err.code,
+            f'plugin "{plugin["type"]}" printed an unusable ADD result: {err.msg}',
+            err.details,
         ) from None
-    if not isinstance(data, dict):
-        raise CNIError(
-            ErrorCode.DECODE_FAILURE, f'plugin "{plugin["type"]}" ADD result is not a JSON object'
-        )
-    # A result without cniVersion is in the config's version (libcni decodes it so).
-    data.setdefault("cniVersion", net.cni_version)
-    return Result.from_dict(data).convert(net.cni_version)

@@ -29,7 +29,6 @@ _SELECTION_CAPABILITIES = {
     "infiniband_guid": "infinibandGUID",
     "port_mappings": "portMappings",
     "bandwidth": "bandwidth",
-    "device_id": "deviceID",
 }
 
 
@@ -135,14 +134,18 @@ def selection_capability_args(
         value = getattr(selection, field)
         if value:
             wanted[cap] = value
-    missing = sorted(set(wanted) - declared_capabilities(config))
+    declared = declared_capabilities(config)
+    missing = sorted(set(wanted) - declared)
     if missing:
         raise CNIError(
             ErrorCode.UNSUPPORTED_FIELD,
             f"network {network}: the pod asks for {', '.join(missing)} but no plugin of the "
             f"network declares that capability",
-            f"capabilities declared: {sorted(declared_capabilities(config)) or 'none'}",
+            f"capabilities declared: {sorted(declared) or 'none'}",
         )
+    # deviceID also goes into the config itself, so the capability is optional.
+    if selection.device_id and "deviceID" in declared:
+        wanted["deviceID"] = selection.device_id
     return wanted
 
 
@@ -162,7 +165,7 @@ class Resolver:
             delegates = [self._cluster_delegate(pod)]
             if pod.namespace not in self.conf.system_namespaces:
                 for ref in self.conf.default_networks:
-                    delegates.append(self._named_delegate(ref, len(delegates)))
+                    delegates.append(self.named_delegate(ref, len(delegates)))
             for selection in self._selections(pod):
                 delegates.append(self._selected_delegate(pod, selection, len(delegates)))
         _check_unique_ifnames(delegates)
@@ -208,7 +211,7 @@ class Resolver:
             capability_args=dict(self.conf.runtime_config),
         )
 
-    def _named_delegate(self, ref: str, index: int) -> Delegate:
+    def named_delegate(self, ref: str, index: int) -> Delegate:
         network, config = self._named_config(ref)
         return Delegate(
             network=network,

@@ -303,7 +303,7 @@ class Engine:
             return resolver.resolve(None)
         cluster = resolver.resolve(None)[:1]
         return cluster + [
-            resolver._named_delegate(ref, i + 1) for i, ref in enumerate(self.conf.default_networks)
+            resolver.named_delegate(ref, i + 1) for i, ref in enumerate(self.conf.default_networks)
         ]
 
     # ---- GC ------------------------------------------------------------------

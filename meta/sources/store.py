@@ -249,7 +249,8 @@ def _validate(model: type[_Manifest], body: dict[str, Any], path: Path) -> _Mani
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
         where = ".".join(str(part) for part in error["loc"])
+        problem = "Input should be a map" if error["type"] == "model_type" else error["msg"]
         kind, name = body.get("kind"), body["metadata"]["name"]
         raise CNIError(
-            ErrorCode.INVALID_CONFIG, f"{path}: {kind} {name}: {where}: {error['msg']}"
+            ErrorCode.INVALID_CONFIG, f"{path}: {kind} {name}: {where}: {problem}"
         ) from exc

@@ -15,13 +15,14 @@ import pytest
 REFERENCE_DIR = "/usr/lib/cni"
 HOST_LOCAL = os.path.join(REFERENCE_DIR, "host-local")
 
-# A plugin that logs each call (CNI_* env and stdin config) and behaves per `FAIL`.
+# A plugin that logs each call (its name, CNI_* env and stdin config) to a shared log,
+# fails the verbs in `fail` with code 11 and passes prevResult through on ADD.
 _RECORDER = """\
 import json, os, sys
 conf = json.loads(sys.stdin.read() or "{{}}")
 env = {{k: v for k, v in os.environ.items() if k.startswith("CNI_")}}
 with open({log!r}, "a") as f:
-    f.write(json.dumps({{"env": env, "conf": conf}}) + "\\n")
+    f.write(json.dumps({{"plugin": {name!r}, "env": env, "conf": conf}}) + "\\n")
 cmd = env.get("CNI_COMMAND")
 if cmd in {fail!r}:
     print(json.dumps({{"code": 11, "msg": "recorder says no", "details": cmd}}))
@@ -49,22 +50,22 @@ def write_plugin(directory: Path, name: str, body: str) -> Path:
 
 @dataclass
 class Recorder:
-    """A fake plugin that logs its calls; `calls()` returns them in order."""
+    """A fake plugin; `calls()` returns the calls of all recorders in `bin_dir`, in order."""
 
     bin_dir: Path
     name: str
-    log: Path
 
     def calls(self) -> list[dict[str, Any]]:
-        if not self.log.exists():
+        log = self.bin_dir / "calls.log"
+        if not log.exists():
             return []
-        return [json.loads(line) for line in self.log.read_text().splitlines()]
+        return [json.loads(line) for line in log.read_text().splitlines()]
 
 
 def make_recorder(bin_dir: Path, name: str = "recorder", fail: tuple[str, ...] = ()) -> Recorder:
-    log = bin_dir / f"{name}.log"
-    write_plugin(bin_dir, name, _RECORDER.format(log=str(log), fail=list(fail)))
-    return Recorder(bin_dir, name, log)
+    log = str(bin_dir / "calls.log")
+    write_plugin(bin_dir, name, _RECORDER.format(log=log, name=name, fail=list(fail)))
+    return Recorder(bin_dir, name)
 
 
 @pytest.fixture

@@ -94,7 +94,9 @@ def test_default_goes_to_the_interface_with_the_first_gateway() -> None:
 
 
 def test_default_without_gateway_is_the_first_pod_interface() -> None:
-    result = {"interfaces": [{"name": "h"}, {"name": "a", "sandbox": "x"}, {"name": "b", "sandbox": "x"}]}
+    result = {
+        "interfaces": [{"name": "h"}, {"name": "a", "sandbox": "x"}, {"name": "b", "sandbox": "x"}]
+    }
     assert [(s.interface, s.default) for s in network_statuses(result, "n", True)] == [
         ("a", True),
         ("b", False),

@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from cni.cache import CacheEntry, ResultCache
+from cni.errors import CNIError, ErrorCode
+
+CONFIG = b'{"cniVersion":"1.0.0","name":"net","type":"bridge"}'
+
+# As libcni writes it (encoding/json: []byte as standard base64, omitempty fields absent).
+LIBCNI_FILE = {
+    "kind": "cniCacheV1",
+    "containerId": "c1",
+    "config": base64.b64encode(CONFIG).decode(),
+    "ifName": "eth0",
+    "networkName": "net",
+    "netns": "/var/run/netns/cni-1",
+    "cniArgs": [["IgnoreUnknown", "1"], ["K8S_POD_NAME", "p"]],
+    "capabilityArgs": {"portMappings": [{"hostPort": 8080}]},
+    "result": {"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.2/24"}], "dns": {}},
+}
+
+
+def entry(cid: str = "c1", net: str = "net", **kwargs: object) -> CacheEntry:
+    return CacheEntry(container_id=cid, config=CONFIG, ifname="eth0", network_name=net, **kwargs)
+
+
+def test_reads_and_writes_the_libcni_format(tmp_path: Path) -> None:
+    parsed = CacheEntry.from_json(json.dumps(LIBCNI_FILE).encode())
+    assert parsed.config == CONFIG
+    assert parsed.cni_args == [("IgnoreUnknown", "1"), ("K8S_POD_NAME", "p")]
+    assert json.loads(parsed.to_json()) == LIBCNI_FILE
+
+
+def test_minimal_entry_omits_empty_fields() -> None:
+    assert json.loads(entry().to_json()) == {
+        "kind": "cniCacheV1",
+        "containerId": "c1",
+        "config": base64.b64encode(CONFIG).decode(),
+        "ifName": "eth0",
+        "networkName": "net",
+    }
+
+
+def test_save_load_delete(tmp_path: Path) -> None:
+    cache = ResultCache(tmp_path / "cni")
+    saved = entry(netns="/proc/1/ns/net", result={"cniVersion": "1.0.0", "dns": {}})
+    cache.save(saved)
+    assert cache.path("net", "c1", "eth0") == tmp_path / "cni" / "results" / "net-c1-eth0"
+    assert cache.load("net", "c1", "eth0") == saved
+    assert os.listdir(tmp_path / "cni" / "results") == ["net-c1-eth0"]  # no temp files left
+    cache.delete("net", "c1", "eth0")
+    assert cache.load("net", "c1", "eth0") is None
+    cache.delete("net", "c1", "eth0")
+
+
+def test_corrupt_entry(tmp_path: Path) -> None:
+    cache = ResultCache(tmp_path)
+    path = cache.path("net", "c1", "eth0")
+    path.parent.mkdir()
+    for content in (
+        "{",
+        json.dumps({**LIBCNI_FILE, "kind": "other"}),
+        json.dumps({"kind": "cniCacheV1"}),
+    ):
+        path.write_text(content)
+        with pytest.raises(CNIError) as exc:
+            cache.load("net", "c1", "eth0")
+        assert exc.value.code == ErrorCode.DECODE_FAILURE
+        assert str(path) in exc.value.msg
+
+
+def test_entries_skip_unreadable_files(tmp_path: Path) -> None:
+    cache = ResultCache(tmp_path)
+    assert cache.entries() == []
+    cache.save(entry("c2"))
+    cache.save(entry("c1"))
+    cache.save(entry("c1", net="other"))
+    results = tmp_path / "results"
+    (results / "junk").write_text("not json")
+    (results / "old-format").write_text(json.dumps({"cniVersion": "0.4.0", "ips": []}))
+    (results / ".tmp-x").write_text(json.dumps(LIBCNI_FILE))
+    (results / "blank").write_text(json.dumps({**LIBCNI_FILE, "ifName": ""}))
+    (results / "dir").mkdir()
+    assert [(e.network_name, e.container_id) for e in cache.entries()] == [
+        ("net", "c1"),
+        ("net", "c2"),
+        ("other", "c1"),
+    ]
+    assert [e.container_id for e in cache.entries("net")] == ["c1", "c2"]
+
+
+@pytest.mark.parametrize(
+    ("net", "cid", "ifname"), [("a/b", "c", "i"), ("n", "", "i"), ("n", "c", "")]
+)
+def test_unsafe_names(tmp_path: Path, net: str, cid: str, ifname: str) -> None:
+    with pytest.raises(CNIError) as exc:
+        ResultCache(tmp_path).load(net, cid, ifname)
+    assert exc.value.code == ErrorCode.INVALID_CONFIG
+
+
+def test_bad_base64(tmp_path: Path) -> None:
+    with pytest.raises(CNIError) as exc:
+        CacheEntry.from_json(json.dumps({**LIBCNI_FILE, "config": "***"}).encode())
+    assert "config" in exc.value.details
