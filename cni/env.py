@@ -78,19 +78,24 @@ def validate_container_id(cid: str) -> None:
         )
 
 
+def ifname_problem(name: str) -> str | None:
+    """Why Linux would refuse `name` as an interface name, or None."""
+    if not name:
+        return "interface name is empty"
+    if len(name.encode()) > _MAX_IFNAME:
+        return f'interface name "{name}" is longer than {_MAX_IFNAME} bytes'
+    if name in (".", ".."):
+        return f'interface name "{name}" is not allowed'
+    if any(c in "/:" or c.isspace() for c in name):
+        return f'interface name "{name}" must not contain "/", ":" or whitespace'
+    return None
+
+
 def validate_ifname(name: str) -> None:
     """Reject interface names Linux would refuse (CNIError(INVALID_ENV))."""
-    problem = ""
-    if not name:
-        problem = "it is empty"
-    elif len(name) > _MAX_IFNAME:
-        problem = f"it is longer than {_MAX_IFNAME} characters"
-    elif name in (".", ".."):
-        problem = "it is '.' or '..'"
-    elif any(c in "/:" or c.isspace() for c in name):
-        problem = "it contains '/', ':' or whitespace"
+    problem = ifname_problem(name)
     if problem:
-        raise CNIError(ErrorCode.INVALID_ENV, f"invalid interface name {name!r}: {problem}")
+        raise CNIError(ErrorCode.INVALID_ENV, f"invalid CNI_IFNAME: {problem}")
 
 
 def cmd_args_from_env(environ: Mapping[str, str], stdin: bytes) -> CmdArgs:

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from cni.env import ifname_problem
 from cni.errors import CNIError, ErrorCode
 
 NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
@@ -29,7 +30,6 @@ _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_LABEL = re.compile(_LABEL)
 _DNS1123_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
 _CNI_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
-_IFNAME_MAX_BYTES = 15
 _HW_ADDR_BYTES = (6, 8, 20)  # what Go's net.ParseMAC accepts: EUI-48, EUI-64, IPoIB
 
 
@@ -37,25 +37,6 @@ def _label_problem(what: str, value: str) -> str | None:
     if len(value) <= 63 and _DNS1123_LABEL.fullmatch(value):
         return None
     return f'{what} "{value}" is not a valid DNS-1123 label'
-
-
-def _ifname_problem(name: str) -> str | None:
-    if not name:
-        return "interface name is empty"
-    if len(name.encode()) > _IFNAME_MAX_BYTES:
-        return f'interface name "{name}" is longer than {_IFNAME_MAX_BYTES} bytes'
-    if name in (".", ".."):
-        return f'interface name "{name}" is not allowed'
-    if any(c in "/:" or c.isspace() for c in name):
-        return f'interface name "{name}" must not contain "/", ":" or whitespace'
-    return None
-
-
-def validate_ifname(name: str) -> None:
-    """Raise INVALID_CONFIG unless `name` is usable as a Linux interface name."""
-    problem = _ifname_problem(name)
-    if problem:
-        raise CNIError(ErrorCode.INVALID_CONFIG, problem)
 
 
 def _is_hw_addr(value: str) -> bool:
@@ -144,7 +125,7 @@ class NetworkSelection(BaseModel):
     @field_validator("interface")
     @classmethod
     def _check_interface(cls, value: str | None) -> str | None:
-        if value is not None and (problem := _ifname_problem(value)):
+        if value is not None and (problem := ifname_problem(value)):
             raise ValueError(problem)
         return value
 
