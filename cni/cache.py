@@ -12,8 +12,8 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError
 
-from cni._models import WireModel, validation_details
 from cni.errors import CNIError, ErrorCode
+from cni.models import WireModel, validation_details
 
 CACHE_KIND: Final = "cniCacheV1"
 

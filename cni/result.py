@@ -22,8 +22,8 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, ValidationError
 
-from cni._models import WireModel, validation_details
 from cni.errors import CNIError, ErrorCode
+from cni.models import WireModel, validation_details
 from cni.version import (
     CURRENT_VERSION,
     DEFAULT_VERSION,

@@ -93,6 +93,26 @@ def _error_version(stdin: bytes) -> str:
     return version if isinstance(version, str) and version else CURRENT_VERSION
 
 
+def handle(
+    plugin: Plugin,
+    environ: Mapping[str, str],
+    data: bytes,
+    supported: Sequence[str] = SUPPORTED_VERSIONS,
+) -> tuple[int, bytes]:
+    """One call from its environment and stdin: the exit code and the bytes to print.
+
+    Unexpected exceptions become CNIError(999) with the traceback on stderr.
+    """
+    try:
+        return 0, dispatch(plugin, cmd_args_from_env(environ, data), supported)
+    except CNIError as err:
+        error = err
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)
+        error = CNIError(UNEXPECTED_ERROR, "unexpected error", str(exc) or type(exc).__name__)
+    return 1, json.dumps(error.to_dict(_error_version(data))).encode()
+
+
 def run(
     plugin: Plugin,
     supported: Sequence[str] = SUPPORTED_VERSIONS,
@@ -101,25 +121,10 @@ def run(
     stdin: BinaryIO | None = None,
     stdout: BinaryIO | None = None,
 ) -> int:
-    """A plugin binary's main: print the verb's output or the error JSON; return the exit code.
-
-    Unexpected exceptions become CNIError(999) on stdout with the traceback on stderr.
-    """
+    """A plugin binary's main: print the verb's output or the error JSON; return the exit code."""
     out = stdout if stdout is not None else sys.stdout.buffer
-    data = b""
-    try:
-        data = (stdin if stdin is not None else sys.stdin.buffer).read()
-        args = cmd_args_from_env(os.environ if environ is None else environ, data)
-        reply = dispatch(plugin, args, supported)
-    except CNIError as err:
-        error = err
-    except Exception as exc:
-        traceback.print_exc(file=sys.stderr)
-        error = CNIError(UNEXPECTED_ERROR, "unexpected error", str(exc) or type(exc).__name__)
-    else:
-        out.write(reply)
-        out.flush()
-        return 0
-    out.write(json.dumps(error.to_dict(_error_version(data))).encode())
+    data = (stdin if stdin is not None else sys.stdin.buffer).read()
+    code, reply = handle(plugin, os.environ if environ is None else environ, data, supported)
+    out.write(reply)
     out.flush()
-    return 1
+    return code

@@ -1,4 +1,4 @@
-"""The `plexus` command line: install-cni, cni (replay a call by hand), demo."""
+"""The `plexus` command line: install-cni, daemon, cni (replay a call by hand), demo."""
 
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     cni.add_argument("--path", default=os.environ.get("CNI_PATH", DEFAULT_CNI_PATH))
     cni.add_argument("--cache-dir", default="/var/lib/cni", help="libcni result cache root")
 
+    daemon = sub.add_parser("daemon", help="run the node daemon the shim talks to")
+    daemon.add_argument("--config", required=True, help="the daemon's config file (JSON)")
+    daemon.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""))
+
     sub.add_parser("demo", help="two pods, two networks, no Kubernetes: see it work")
     return parser
 
@@ -48,6 +52,14 @@ def main(argv: list[str] | None = None) -> None:
             print(f"installed {path}")
     elif args.command == "cni":
         sys.exit(replay(args))
+    elif args.command == "daemon":
+        from cni.errors import CNIError
+        from meta.daemon.main import run_daemon
+
+        try:
+            sys.exit(run_daemon(args.config, args.node_name))
+        except CNIError as exc:
+            sys.exit(f"plexus daemon: {exc}")
     elif args.command == "demo":
         from meta.demo import run_demo
 

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from cni.errors import CNIError, ErrorCode
+from cni.models import validation_details
 
 DEFAULT_CNI_DIR = "/var/lib/cni/plexus"
 DEFAULT_CONF_DIR = "/etc/cni/multus/net.d"
@@ -31,6 +32,7 @@ class MetaConfig(BaseModel):
     conf_dir: str = Field(DEFAULT_CONF_DIR, alias="confDir")
     cni_dir: str = Field(DEFAULT_CNI_DIR, alias="cniDir")
     bin_dir: str = Field("", alias="binDir")
+    exec_delegates: list[str] = Field(default_factory=list, alias="execDelegates")
     readiness_indicator_file: str = Field("", alias="readinessindicatorfile")
     log_file: str = Field("", alias="logFile")
     log_level: str = Field("info", alias="logLevel")
@@ -82,18 +84,12 @@ def load_meta_config(data: bytes) -> MetaConfig:
     try:
         conf = MetaConfig.model_validate(raw)
     except ValidationError as exc:
-        raise CNIError(ErrorCode.INVALID_CONFIG, "invalid plexus config", _describe(exc)) from exc
+        raise CNIError(
+            ErrorCode.INVALID_CONFIG, "invalid plexus config", validation_details(exc)
+        ) from exc
     if not conf.delegates and not conf.cluster_network:
         raise CNIError(
             ErrorCode.INVALID_CONFIG,
             "invalid plexus config: set clusterNetwork or at least one entry in delegates",
         )
     return conf
-
-
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "config"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)

@@ -137,6 +137,7 @@ class Node:
             "type": "plexus",
             "clusterDir": str(self.cluster),
             "cniDir": str(self.cni_dir),
+            "socketDir": str(self.root / "run"),
             "logFile": str(self.root / "plexus.log"),
             "logToStderr": False,
             "logLevel": "debug",

@@ -1,4 +1,4 @@
-"""What the container runtime execs as the `plexus` CNI plugin.
+"""Thin mode: run one CNI call in-process, for nodes without the daemon.
 
 Kept import-light: the engine is imported only once we know we must run it.
 """
@@ -9,7 +9,7 @@ import sys
 
 
 def main() -> None:
-    """Run one CNI call in-process (thin mode) and exit with its status."""
+    """Run one CNI call with the engine in this process and exit with its status."""
     from cni import skel
     from meta.plugin import MetaPlugin
 

@@ -1,0 +1,126 @@
+"""CNI config generation, as Multus does it: wrap the node's primary network.
+
+The primary is the first config (sorted) in the host's net.d that is not ours.
+Ours is written last of all, since its presence tells the runtime the node's
+network is ready; it is re-generated when the primary changes and removed on exit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from cni.version import parse_version
+from meta.attachments import CONF_SUFFIXES
+from meta.daemon.config import DaemonConfig
+
+log = logging.getLogger("plexus.daemon")
+
+NETWORK_NAME = "plexus-cni-network"
+# Keys of the daemon's config that mean nothing to the per-call engine.
+_DAEMON_ONLY = {
+    "metricsPort",
+    "metricsBindAddress",
+    "maxConcurrentRequests",
+    "cniConfigDir",
+    "generatedConfigName",
+}
+_OWN_KEYS = {"cniVersion", "name", "type", "delegates", "capabilities", "runtimeConfig"}
+
+
+def find_primary(net_dir: Path, own_name: str) -> Path | None:
+    """The first .conf/.conflist/.json in `net_dir` that is not ours."""
+    try:
+        names = sorted(os.listdir(net_dir))
+    except FileNotFoundError:
+        return None
+    for name in names:
+        if name != own_name and not name.startswith(".") and name.endswith(CONF_SUFFIXES):
+            return net_dir / name
+    return None
+
+
+def build(primary: dict[str, Any], conf: DaemonConfig) -> dict[str, Any]:
+    """Our conflist: one `plexus` plugin delegating to the primary, capabilities united."""
+    plugins = primary.get("plugins", [primary])
+    capabilities = sorted(
+        {cap for p in plugins for cap, on in (p.get("capabilities") or {}).items() if on is True}
+    )
+    primary_version = str(primary.get("cniVersion", "0.1.0"))
+    version = max(primary_version, conf.cni_version, key=parse_version)
+    settings = {
+        key: value
+        for key, value in conf.model_dump(by_alias=True, exclude_defaults=True).items()
+        if key not in _DAEMON_ONLY | _OWN_KEYS
+    }
+    settings["socketDir"] = conf.socket_dir
+    plugin: dict[str, Any] = {"type": "plexus", **settings, "delegates": [primary]}
+    if capabilities:
+        plugin["capabilities"] = dict.fromkeys(capabilities, True)
+    return {"cniVersion": version, "name": NETWORK_NAME, "plugins": [plugin]}
+
+
+class ConfigWriter:
+    """Keeps `<cniConfigDir>/00-plexus.conflist` in step with the primary network."""
+
+    def __init__(self, conf: DaemonConfig, interval: float = 1.0) -> None:
+        self.conf = conf
+        self.net_dir = Path(conf.cni_conf_dir)
+        self.target = self.net_dir / conf.generated_name
+        self.interval = interval
+        self._stop = threading.Event()
+        self._last: bytes | None = None
+        self._thread = threading.Thread(target=self._loop, name="cni-config", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching and remove our config, so the runtime stops sending us pods."""
+        self._stop.set()
+        self._thread.join()
+        self.target.unlink(missing_ok=True)
+        log.info("removed generated CNI config", extra={"file": str(self.target)})
+
+    def sync(self) -> bool:
+        """Write our config if the primary exists and changed; True when ours is in place."""
+        indicator = self.conf.readiness_indicator_file
+        if indicator and not os.path.exists(indicator):
+            return False
+        primary_path = find_primary(self.net_dir, self.conf.generated_name)
+        if primary_path is None:
+            return False
+        try:
+            primary = json.loads(primary_path.read_bytes())
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "cannot read the primary CNI config",
+                extra={"file": str(primary_path), "error": str(exc)},
+            )
+            return False
+        text = json.dumps(build(primary, self.conf), indent=2).encode()
+        if text != self._last or not self.target.exists():
+            _write_atomically(self.target, text)
+            self._last = text
+            log.info(
+                "wrote CNI config", extra={"file": str(self.target), "primary": str(primary_path)}
+            )
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sync()
+            self._stop.wait(self.interval)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".plexus-")
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)

@@ -1,0 +1,62 @@
+"""`plexus daemon`: wire the pieces together and run until SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from http.server import ThreadingHTTPServer
+
+from meta import logs
+from meta.daemon.cniconfig import ConfigWriter
+from meta.daemon.config import load_daemon_config
+from meta.daemon.http import start_http
+from meta.daemon.metrics import Metrics
+from meta.daemon.server import SocketServer
+from meta.plugin import MetaPlugin, source_for
+
+log = logging.getLogger("plexus.daemon")
+
+
+def run_daemon(config_path: str, node_name: str) -> int:
+    """Serve until SIGTERM/SIGINT, then drain in-flight calls and clean up."""
+    conf = load_daemon_config(config_path)
+    logs.configure(conf.log_level, conf.log_file, conf.log_to_stderr)
+    metrics = Metrics()
+    logging.getLogger(logs.LOGGER_NAME).addHandler(metrics.step_handler())
+    source = source_for(conf)
+    plugin = MetaPlugin(source=source, configure_logging=False)
+    server = SocketServer(conf.socket_dir, plugin, metrics, conf.max_concurrent_requests)
+    server.bind()
+    ready = threading.Event()
+    http: ThreadingHTTPServer | None = None
+    if conf.metrics_port:
+        http = start_http(conf.metrics_bind_address, conf.metrics_port, metrics, ready.is_set)
+    writer = ConfigWriter(conf) if conf.cni_conf_dir else None
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    serving = threading.Thread(target=server.serve_forever, name="socket", daemon=True)
+    serving.start()
+    ready.set()
+    if writer is not None:
+        writer.start()
+    log.info(
+        "daemon ready",
+        extra={
+            "node": node_name,
+            "socket": str(server.path),
+            "source": type(source).__name__ if source else "none",
+        },
+    )
+    stop.wait()
+    log.info("shutting down: draining in-flight calls")
+    ready.clear()
+    if writer is not None:
+        writer.stop()
+    server.stop()
+    if http is not None:
+        http.shutdown()
+    log.info("daemon stopped")
+    return 0

@@ -1,0 +1,59 @@
+"""Prometheus metrics of the daemon, fed by the server and by the engine's step logs."""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    """The daemon's metrics in their own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "plexus_requests",
+            "CNI requests by verb and result",
+            ["verb", "result"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "plexus_request_seconds",
+            "CNI request latency by verb",
+            ["verb"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "plexus_requests_in_flight", "CNI requests being served", registry=self.registry
+        )
+        self.delegate_latency = Histogram(
+            "plexus_delegate_seconds",
+            "Delegate call latency by verb, network and plugin",
+            ["verb", "network", "delegate"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+
+    def step_handler(self) -> logging.Handler:
+        """A log handler that turns the engine's delegate steps into latency samples."""
+        return _DelegateSteps(self)
+
+
+class _DelegateSteps(logging.Handler):
+    def __init__(self, metrics: Metrics) -> None:
+        super().__init__(level=logging.INFO)
+        self.metrics = metrics
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = record.__dict__
+        if not record.getMessage().startswith("delegate ") or "ms" not in fields:
+            return
+        self.metrics.delegate_latency.labels(
+            verb=str(fields.get("verb", "")),
+            network=str(fields.get("network", "")),
+            delegate=str(fields.get("delegate", "")),
+        ).observe(float(fields["ms"]) / 1000)

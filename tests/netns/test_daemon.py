@@ -1,0 +1,329 @@
+"""The node daemon behind the compiled shim: same results, plus what only a daemon can do."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from delegates.netns import run_in_netns
+from meta.daemon import protocol
+from tests.netns.conftest import Node
+
+PLEXUS = str(Path(sys.executable).parent / "plexus")
+
+
+class Daemon:
+    """`plexus daemon` in the node's namespace, started and stopped by PID."""
+
+    def __init__(self, node: Node, **extra: Any) -> None:
+        self.node = node
+        self.port = _free_port(node)
+        self.config = node.root / "daemon.json"
+        conf = node.meta(metricsPort=self.port, **extra)
+        self.config.write_text(json.dumps(conf))
+        self.socket = node.root / "run" / protocol.SOCKET_NAME
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.node.name,
+                PLEXUS,
+                "daemon",
+                "--config",
+                str(self.config),
+                "--node-name",
+                "test-node",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while not self._ready():
+            assert self.proc.poll() is None, "daemon exited at start-up"
+            assert time.monotonic() < deadline, "daemon not ready after 30 s"
+            time.sleep(0.05)
+
+    def _ready(self) -> bool:
+        try:
+            return self.get("/readyz")[0] == 200
+        except OSError:
+            return False
+
+    def get(self, path: str) -> tuple[int, str]:
+        def fetch() -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as err:
+                return err.code, err.read().decode()
+
+        return run_in_netns(f"/run/netns/{self.node.name}", fetch)
+
+    def metric(self, name: str, **labels: str) -> float:
+        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for line in self.get("/metrics")[1].splitlines():
+            if line.startswith(f"{name}{{{want}}} ") or (
+                not labels and line.startswith(f"{name} ")
+            ):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=60)
+        self.proc = None
+
+    def peak_rss_mib(self) -> float:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmHWM")
+
+
+def _free_port(node: Node) -> int:
+    def pick() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    return run_in_netns(f"/run/netns/{node.name}", pick)
+
+
+@pytest.fixture
+def daemon(node: Node) -> Iterator[Daemon]:
+    d = Daemon(node)
+    d.start()
+    try:
+        yield d
+    finally:
+        node.close()  # DEL through the daemon while it still runs
+        node.added.clear()
+        d.stop()
+
+
+def test_add_check_del_are_served_by_the_daemon(node: Node, daemon: Daemon) -> None:
+    node.nad("macvlan-net", node.macvlan_conf())
+    node.pod("web", "macvlan-net")
+    netns = node.pod_netns()
+
+    result = node.ok("ADD", netns=netns, cid="c-web", pod="web")
+    node.ok("CHECK", netns=netns, cid="c-web", pod="web")
+
+    assert result is not None and node.links(netns) == ["eth0", "lo", "net1"]
+    assert len(node.network_status("web")) == 2
+    assert daemon.metric("plexus_requests_total", verb="ADD", result="ok") == 1
+    assert daemon.metric("plexus_requests_total", verb="CHECK", result="ok") == 1
+    assert (
+        daemon.metric(
+            "plexus_delegate_seconds_count",
+            verb="add",
+            network="default/macvlan-net",
+            delegate="macvlan",
+        )
+        == 1
+    )
+    node.ok("DEL", netns=netns, cid="c-web", pod="web")
+    assert node.links(netns) == ["lo"] and node.reserved_ips() == []
+
+
+def test_socket_is_root_only(daemon: Daemon) -> None:
+    assert daemon.socket.parent.stat().st_mode & 0o777 == 0o700
+    assert daemon.socket.stat().st_mode & 0o777 == 0o600
+
+
+def test_health_endpoints(daemon: Daemon) -> None:
+    assert daemon.get("/healthz") == (200, "ok\n")
+    assert daemon.get("/readyz") == (200, "ok\n")
+    assert daemon.get("/nope")[0] == 404
+
+
+def _raw(daemon: Daemon, payload: bytes) -> tuple[int, dict[str, Any]]:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(15)
+        s.connect(str(daemon.socket))
+        s.sendall(payload)
+        s.shutdown(socket.SHUT_WR)
+        code, out = protocol.read_response(s)
+    return code, json.loads(out)
+
+
+@pytest.mark.parametrize(
+    ("payload", "code", "words"),
+    [
+        (b"GET / HTTP/1.1\r\n\r\n", 6, "unknown protocol"),
+        (b"PXS1\x00\x00", 6, "truncated"),
+        (b"PXS1\xff\xff\xff\xff", 6, "over the"),
+        (protocol.encode_request({"CNI_COMMAND": "ADD"}, b"{}"), 4, "CNI_CONTAINERID"),
+        (protocol.encode_request({"CNI_COMMAND": "NOPE"}, b"{}"), 4, "NOPE"),
+        (
+            protocol.encode_request(
+                {
+                    "CNI_COMMAND": "ADD",
+                    "CNI_CONTAINERID": "c",
+                    "CNI_NETNS": "/x",
+                    "CNI_IFNAME": "eth0",
+                    "CNI_PATH": "/x",
+                },
+                b"{nope",
+            ),
+            6,
+            "decoding",
+        ),
+    ],
+)
+def test_malformed_requests_get_errors_and_the_daemon_lives(
+    daemon: Daemon, payload: bytes, code: int, words: str
+) -> None:
+    exit_code, error = _raw(daemon, payload)
+    assert exit_code == 1 and error["code"] == code
+    assert words in error["msg"] + error.get("details", "")
+    assert daemon.get("/healthz")[0] == 200
+
+
+def test_del_after_a_daemon_restart(node: Node, daemon: Daemon) -> None:
+    node.nad("macvlan-net", node.macvlan_conf())
+    node.pod("p", "macvlan-net")
+    netns = node.pod_netns()
+    node.ok("ADD", netns=netns, cid="c-p", pod="p")
+    daemon.stop()
+    daemon.start()
+    node.ok("DEL", netns=netns, cid="c-p", pod="p")
+    assert node.links(netns) == ["lo"] and node.reserved_ips() == []
+
+
+def test_daemon_killed_mid_add_then_del_and_gc_leave_nothing(node: Node, daemon: Daemon) -> None:
+    slow = node.bin / "slow"
+    slow.write_text(
+        "#!/bin/sh\n# a chained plugin that takes its time on ADD and does nothing else\n"
+        '[ "$CNI_COMMAND" = ADD ] || exit 0\nsleep 3\n'
+        "python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)[\"prevResult\"]))'\n"
+    )
+    slow.chmod(0o755)
+    node.nad(
+        "slow-net",
+        {
+            "cniVersion": "1.0.0",
+            "name": "slow-net",
+            "plugins": [node.macvlan_conf(), {"type": "slow"}],
+        },
+    )
+    node.pod("k", "slow-net")
+    netns = node.pod_netns()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(node.cni, "ADD", netns=netns, cid="c-k", pod="k")
+        deadline = time.monotonic() + 20
+        while "net1" not in node.links(netns):
+            assert time.monotonic() < deadline, "macvlan never appeared"
+            time.sleep(0.05)
+        daemon.stop(signal.SIGKILL)
+        answer = pending.result(timeout=30)
+    assert answer.returncode != 0 and json.loads(answer.stdout)["code"] == 11
+    assert node.reserved_ips()  # the half-done ADD left its IPs behind...
+
+    daemon.start()
+    node.ok("DEL", netns=netns, cid="c-k", pod="k")
+    node.ok("GC", conf=node.meta(**{"cni.dev/valid-attachments": []}))
+    assert node.links(netns) == ["lo"]  # ...and DEL + GC take all of it back
+    assert node.reserved_ips() == []
+    assert list((node.cni_dir / "records").iterdir()) == []
+    assert [p for p in (node.cni_dir / "results").iterdir()] == []
+
+
+def test_hundred_concurrent_adds_through_the_shim(node: Node, daemon: Daemon) -> None:
+    node.nad("macvlan-net", node.macvlan_conf())
+    pods = [f"b{i}" for i in range(100)]
+    spaces = {}
+    for pod in pods:
+        node.pod(pod, "macvlan-net")
+        spaces[pod] = node.pod_netns()
+
+    with ThreadPoolExecutor(max_workers=100) as pool:
+        added = list(
+            pool.map(lambda p: node.cni("ADD", netns=spaces[p], cid=f"c-{p}", pod=p), pods)
+        )
+
+    failures = [d.stdout for d in added if d.returncode]
+    assert failures == []
+    ips = [ip for pod in pods for s in node.network_status(pod) for ip in s["ips"]]
+    assert len(ips) == 200 and len(set(ips)) == 200
+    rss = daemon.peak_rss_mib()
+    print(f"daemon peak RSS after 100 concurrent ADDs: {rss:.1f} MiB")
+    assert rss < 150
+    with ThreadPoolExecutor(max_workers=100) as pool:
+        deleted = list(
+            pool.map(lambda p: node.cni("DEL", netns=spaces[p], cid=f"c-{p}", pod=p), pods)
+        )
+    assert [d.returncode for d in deleted] == [0] * 100
+    assert node.reserved_ips() == []
+    node.added.clear()
+
+
+def test_cni_config_is_generated_watched_and_removed(node: Node) -> None:
+    net_d = node.root / "net.d"
+    net_d.mkdir()
+    primary = {
+        "cniVersion": "1.0.0",
+        "name": "primary",
+        "plugins": [
+            {"type": "bridge", "bridge": "x"},
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+    (net_d / "10-primary.conflist").write_text(json.dumps(primary))
+    indicator = node.root / "ready-flag"
+    d = Daemon(
+        node, cniConfigDir=str(net_d), readinessindicatorfile=str(indicator), cniVersion="0.4.0"
+    )
+    d.start()
+    try:
+        generated = net_d / "00-plexus.conflist"
+        time.sleep(1.5)
+        assert not generated.exists()  # the readiness indicator is not there yet
+        indicator.touch()
+        conf = _wait_for(lambda: json.loads(generated.read_text()) if generated.exists() else None)
+        assert conf["cniVersion"] == "1.0.0" and conf["name"] == "plexus-cni-network"
+        plugin = conf["plugins"][0]
+        assert plugin["type"] == "plexus" and plugin["capabilities"] == {"portMappings": True}
+        assert plugin["delegates"] == [primary] and plugin["socketDir"] == str(d.socket.parent)
+        assert "metricsPort" not in plugin
+
+        primary["plugins"][1]["capabilities"] = {"portMappings": True, "bandwidth": True}
+        (net_d / "10-primary.conflist").write_text(json.dumps(primary))
+        _wait_for(
+            lambda: (
+                "bandwidth" in json.loads(generated.read_text())["plugins"][0]["capabilities"]
+                or None
+            )
+        )
+    finally:
+        d.stop()
+    assert not (net_d / "00-plexus.conflist").exists()
+    assert os.listdir(net_d) == ["10-primary.conflist"]
+
+
+def _wait_for(probe: Any, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
