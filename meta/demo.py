@@ -3,7 +3,8 @@
 A "node" namespace holds the default network's bridge and a veth uplink that
 is the macvlan master; the pods get eth0 from reference bridge + host-local and
 net1 from reference macvlan via a NAD in an embedded store. The `plexus` binary
-is exec'd exactly as a runtime would exec it.
+is exec'd exactly as a runtime would exec it, and forwards each call to the node
+daemon, which runs the engine.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +104,8 @@ def _meta_config(root: Path) -> dict[str, Any]:
         "type": "plexus",
         "clusterDir": str(root / "cluster"),
         "cniDir": str(root / "cni"),
+        "socketDir": str(root / "run"),
+        "metricsPort": 0,
         "logFile": str(root / "plexus.log"),
         "logToStderr": False,
         "delegates": [
@@ -162,10 +167,36 @@ def _setup(root: Path) -> None:
         _sh("ip", "link", "set", "lo", "up", netns=f"plexus-demo-{pod}")
 
 
-def _teardown(root: Path) -> None:
+def _start_daemon(root: Path) -> subprocess.Popen[bytes]:
+    """The node daemon in the node namespace; the shim finds it through socketDir."""
+    config = root / "daemon.json"
+    config.write_text(json.dumps(_meta_config(root)))
+    plexus = Path(sys.executable).parent / "plexus"
+    daemon = subprocess.Popen(
+        ["ip", "netns", "exec", NODE, str(plexus), "daemon", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    socket = root / "run" / "plexus.sock"
+    deadline = time.monotonic() + 30
+    while not socket.exists():
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the plexus daemon did not start; see {root / 'plexus.log'}")
+        time.sleep(0.05)
+    return daemon
+
+
+def _stop_daemon(daemon: subprocess.Popen[bytes] | None) -> None:
+    if daemon is not None and daemon.poll() is None:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=60)
+
+
+def _teardown(root: Path, daemon: subprocess.Popen[bytes] | None) -> None:
     for pod in PODS:
         _cni(root, "DEL", pod)
         _sh("ip", "netns", "del", f"plexus-demo-{pod}", check=False)
+    _stop_daemon(daemon)
     _sh("ip", "netns", "del", NODE, check=False)
     shutil.rmtree(root, ignore_errors=True)
 
@@ -195,17 +226,24 @@ def run_demo() -> int:
         return 1
     root = Path(tempfile.mkdtemp(prefix="plexus-demo-"))
     ok = True
+    daemon = None
     try:
         _setup(root)
-        _say(f"Plexus demo in {root}: node netns {NODE}, pods {', '.join(PODS)}\n")
+        daemon = _start_daemon(root)
+        _say(f"Plexus demo in {root}: node netns {NODE}, pods {', '.join(PODS)}")
+        _say(f"node daemon pid {daemon.pid} on {root / 'run' / 'plexus.sock'}; the runtime's")
+        _say("side is the compiled `plexus` shim, exec'd with the CNI env as containerd does\n")
         for pod in PODS:
             _say(f"ADD {pod}  (annotation: {ANNOTATIONS[pod]})")
+            start = time.perf_counter()
             done = _cni(root, "ADD", pod)
+            took = (time.perf_counter() - start) * 1000
             if done.returncode != 0:
                 _say(f"  failed: {done.stdout.strip()} {done.stderr.strip()}")
                 return 1
             result = json.loads(done.stdout)
-            _say(f"  result to the runtime (eth0): {[ip['address'] for ip in result['ips']]}")
+            addresses_eth0 = [ip["address"] for ip in result["ips"]]
+            _say(f"  result to the runtime (eth0): {addresses_eth0}, {took:.0f} ms")
         addresses: dict[str, dict[str, str]] = {}
         for pod in PODS:
             status = _status_of(root, pod)
@@ -237,7 +275,7 @@ def run_demo() -> int:
         for line in log_lines[:6]:
             _say(f"  {line}")
     finally:
-        _teardown(root)
+        _teardown(root, daemon)
     _say(f"\ndemo {'passed' if ok else 'FAILED'}")
     return 0 if ok else 1
 

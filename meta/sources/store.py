@@ -11,6 +11,7 @@ directory; YAML comments are not kept. Events are appended as JSON lines to
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import logging
@@ -67,7 +68,10 @@ class _NADManifest(BaseModel):
 _Manifest = TypeVar("_Manifest", _PodManifest, _NADManifest)
 
 
-class _Dumper(yaml.SafeDumper):
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
     """Safe dumper writing multi-line strings (the network-status value) as `|` blocks."""
 
 
@@ -84,6 +88,8 @@ class EmbeddedStore(ClusterSource):
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
+        # Parsed files by path, reused while (mtime, size) is unchanged: a daemon asks often.
+        self._parsed: dict[Path, tuple[tuple[int, int], dict[str, Any] | None]] = {}
 
     def get_pod(self, namespace: str, name: str) -> Pod | None:
         found = self._find(_POD, namespace, name)
@@ -122,7 +128,7 @@ class EmbeddedStore(ClusterSource):
                     "pod %s/%s is gone; network-status not written", pod.namespace, pod.name
                 )
                 return
-            path, body = found
+            path, body = found[0], copy.deepcopy(found[1])
             metadata = body["metadata"]
             annotations = metadata.get("annotations") or {}
             if not isinstance(annotations, dict):
@@ -173,7 +179,7 @@ class EmbeddedStore(ClusterSource):
         for path in paths:
             if path.suffix not in _SUFFIXES or path.name.startswith("."):
                 continue
-            body = _load(path)
+            body = self._load_cached(path)
             if body is None:
                 continue
             kind = (body.get("apiVersion"), body.get("kind"))
@@ -184,6 +190,21 @@ class EmbeddedStore(ClusterSource):
                 log.warning("%s: skipped: no metadata.name", path)
             else:
                 yield path, body
+
+    def _load_cached(self, path: Path) -> dict[str, Any] | None:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise CNIError(ErrorCode.IO_FAILURE, f"cannot read {path}: {exc}") from exc
+        key = (st.st_mtime_ns, st.st_size)
+        cached = self._parsed.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        body = _load(path)
+        self._parsed[path] = (key, body)
+        return body
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -233,7 +254,7 @@ def _load(path: Path) -> dict[str, Any] | None:
     except OSError as exc:
         raise CNIError(ErrorCode.IO_FAILURE, f"cannot read {path}: {exc}") from exc
     try:
-        body = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        body = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_Loader)
     except (ValueError, yaml.YAMLError) as exc:
         log.warning("%s: skipped: does not parse: %s", path, exc)
         return None
