@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python3
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: setup demo test test-quick test-unit test-netns lint
+.PHONY: setup demo test test-quick test-netns test-vm test-cluster bench lint
 
 setup:
 	@scripts/setup.sh
@@ -17,10 +17,17 @@ test: setup lint
 test-quick: setup
 	$(PYTEST) -q -p no:cacheprovider tests/unit
 
-test-unit: test-quick
-
 test-netns: setup
 	$(PYTEST) -q -p no:cacheprovider tests/netns
+
+test-vm: setup
+	$(PYTEST) -q -p no:cacheprovider tests/vm
+
+test-cluster: setup
+	$(PYTEST) -q -p no:cacheprovider tests/cluster
+
+bench: setup
+	$(PY) -m tests.bench.bench_add --runs 30 --extras 1,2,4,8
 
 lint: setup
 	$(VENV)/bin/ruff check cni meta delegates deviceplugin tests

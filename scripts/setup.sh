@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(containernetworking-plugins iproute2 iputils-ping)
+APT_PACKAGES=(containernetworking-plugins iproute2 iputils-ping gcc libc6-dev openssl)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -27,4 +27,11 @@ if [[ ! -x .venv/bin/python3 ]] || [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]
     echo "$want" > "$stamp"
 fi
 test -x .venv/bin/plexus
+
+# The VM tier: QEMU, the pinned Debian kernel, virtme-ng (ipvlan, VLAN, SR-IOV tests).
+scripts/setup-vm.sh
+
+# Go-built components for the cluster tier and benchmarks: etcd, kube-apiserver, kubelet,
+# Multus thin, cnitool (cached in /var/cache/plexus-go-tools; first run ~7 min, then <1 s).
+scripts/build-go-tools.sh
 echo "setup: ok"

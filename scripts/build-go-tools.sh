@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Build the Go components the cluster tier and the benchmarks run: etcd, kube-apiserver,
+# kubelet, the Multus thin plugin and cnitool, from the Go module proxy.
+#
+# Idempotent. Binaries land outside the repo in $PLEXUS_GO_TOOLS (default
+# /var/cache/plexus-go-tools) as <name>-<version>/<binary>, with stable symlinks in
+# $PLEXUS_GO_TOOLS/bin. A component whose binaries and recipe stamp are present is skipped,
+# so a second run takes well under a second; the first run compiles Kubernetes.
+#
+# Each binary is built from its upstream main package inside a throwaway module that
+# requires it: etcd's and Kubernetes' own go.mod files carry `replace` directives, so
+# `go install pkg@version` refuses them. For Kubernetes the throwaway module pins every
+# k8s.io staging module to the matching published v0.x.y.
+set -euo pipefail
+
+ETCD_VERSION=v3.6.16
+KUBE_VERSION=v1.34.4
+MULTUS_VERSION=v4.2.4
+CNITOOL_VERSION=v1.3.1
+GO_MIN=1.26 # etcd v3.6.16's go.mod says go 1.26.0
+
+ROOT=${PLEXUS_GO_TOOLS:-/var/cache/plexus-go-tools}
+JOBS=${PLEXUS_GO_JOBS:-$(nproc)}
+
+log() { printf 'build-go-tools: %s\n' "$*"; }
+
+command -v go >/dev/null || { log "go not found on PATH (need go >= $GO_MIN)"; exit 1; }
+# Static builds with the installed toolchain, never a downloaded one.
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOWORK=off GOFLAGS="-mod=mod -buildvcs=false"
+GOVERSION=$(go env GOVERSION)
+if [[ "$(printf '%s\n' "go$GO_MIN" "$GOVERSION" | sort -V | head -1)" != "go$GO_MIN" ]]; then
+    log "$GOVERSION is too old (need go >= $GO_MIN)"
+    exit 1
+fi
+
+mkdir -p "$ROOT/bin"
+exec 9>"$ROOT/.lock"
+flock 9 # one build at a time per cache dir
+
+WORK=""
+cleanup() {
+    [[ -z "$WORK" ]] || rm -rf "$WORK"
+    WORK=""
+}
+trap cleanup EXIT
+
+# The go.mod of MODULE@VERSION, downloaded into the module cache.
+upstream_gomod() {
+    go mod download -json "$1@$2" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p'
+}
+
+# No extra replace directives.
+no_replaces() { :; }
+
+# Every `k8s.io/X => ./staging/src/k8s.io/X` of k8s.io/kubernetes, pinned to the published
+# staging module: Kubernetes v1.X.Y ships them as v0.X.Y.
+kube_replaces() {
+    local m
+    sed -n 's|^[[:space:]]*\(k8s\.io/[^[:space:]]*\) => \./staging/src/.*|\1|p' "$1" |
+        while read -r m; do go mod edit -replace "$m=$m@v0${KUBE_VERSION#v1}"; done
+}
+
+# build NAME VERSION MODULE LDFLAGS REPLACES_FN BIN=PKG...
+#   MODULE@VERSION provides the packages; REPLACES_FN is called in the throwaway module
+#   with upstream's go.mod path; each BIN=PKG builds main package PKG into binary BIN.
+build() {
+    local name=$1 version=$2 module=$3 ldflags=$4 replaces=$5
+    shift 5
+    local dir="$ROOT/$name-$version" recipe spec missing=0
+    recipe="$GOVERSION $module@$version ldflags=[$ldflags] $replaces $*"
+    for spec in "$@"; do [[ -x "$dir/${spec%%=*}" ]] || missing=1; done
+    if ((missing == 0)) && [[ "$(cat "$dir/.recipe" 2>/dev/null)" == "$recipe" ]]; then
+        log "$name $version: cached"
+    else
+        local start=$SECONDS
+        log "$name $version: building (-p $JOBS)"
+        WORK=$(mktemp -d "${TMPDIR:-/tmp}/plexus-go-$name.XXXXXX")
+        (
+            cd "$WORK"
+            go mod init "plexus.invalid/build/$name" 2>/dev/null
+            gomod=$(upstream_gomod "$module" "$version")
+            # Run with the GODEBUG defaults upstream's own go.mod selects.
+            go mod edit -godebug "default=go$(sed -n 's/^go \([0-9]*\.[0-9]*\).*/\1/p' "$gomod")"
+            "$replaces" "$gomod"
+            go get "$module@$version"
+            for spec in "$@"; do
+                go build -p "$JOBS" -trimpath -ldflags "-s -w $ldflags" \
+                    -o "out/${spec%%=*}" "${spec#*=}"
+            done
+        )
+        mkdir -p "$dir"
+        rm -f "$dir/.recipe"
+        for spec in "$@"; do mv -f "$WORK/out/${spec%%=*}" "$dir/"; done
+        printf '%s\n' "$recipe" >"$dir/.recipe"
+        cleanup
+        log "$name $version: built in $((SECONDS - start)) s"
+    fi
+    for spec in "$@"; do ln -sfn "../$name-$version/${spec%%=*}" "$ROOT/bin/${spec%%=*}"; done
+}
+
+# What Kubernetes' own build stamps into its binaries (hack/lib/version.sh).
+kube_ldflags() {
+    local minor=${KUBE_VERSION#v1.} pkg flags=""
+    minor=${minor%%.*}
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        flags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1"
+        flags+=" -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+    done
+    printf '%s' "${flags# }"
+}
+
+build cnitool "$CNITOOL_VERSION" github.com/containernetworking/cni "" no_replaces \
+    cnitool=github.com/containernetworking/cni/cnitool
+
+build multus "$MULTUS_VERSION" gopkg.in/k8snetworkplumbingwg/multus-cni.v4 \
+    "-X gopkg.in/k8snetworkplumbingwg/multus-cni.v4/pkg/multus.version=$MULTUS_VERSION" \
+    no_replaces multus=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus
+
+build etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3 "" no_replaces \
+    etcd=go.etcd.io/etcd/server/v3
+
+build kubernetes "$KUBE_VERSION" k8s.io/kubernetes "$(kube_ldflags)" kube_replaces \
+    kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
+    kubelet=k8s.io/kubernetes/cmd/kubelet
+
+for b in cnitool multus etcd kube-apiserver kubelet; do
+    printf '%-15s %s\n' "$b" "$(readlink -f "$ROOT/bin/$b")"
+done

@@ -1,0 +1,1 @@
+"""Cluster tier: tests against a real etcd + kube-apiserver started on loopback."""

@@ -1,0 +1,100 @@
+"""Guest-side fixtures. These tests run only inside the VM booted by tests/vm/vm.py.
+
+On the host every test here is skipped at collection (PLEXUS_IN_VM is unset), so none
+of their fixtures run there. In the guest, as root: / is the host's, read-only, and so
+is the repo; /tmp, /var, /etc, /usr and /opt are throwaway overlays over the host's
+files and /run is a tmpfs, all in guest RAM (1 GiB); tmp_path lives under
+/tmp/plexus-vm. The directory in PLEXUS_VM_RESULTS is the only one the host sees after.
+Find the repo from `REPO` here (never a fixed path), and run Python as sys.executable.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+IN_VM = os.environ.get("PLEXUS_IN_VM") == "1"
+GUEST_DIR = Path(__file__).resolve().parent
+REPO = GUEST_DIR.parents[2]
+MODULES = ("ipvlan", "8021q", "dummy", "igbvf")
+SKIP_REASON = "needs the VM kernel: runs via tests/vm/test_guest_suite.py"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if IN_VM:
+        return
+    skip = pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        if item.path.is_relative_to(GUEST_DIR):
+            item.add_marker(skip)
+
+
+def sh(*cmd: str, netns: str = "", check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a command (in `netns` if given); on failure the error shows its stderr."""
+    full = ["ip", "netns", "exec", netns, *cmd] if netns else list(cmd)
+    proc = subprocess.run(full, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(full)} -> {proc.returncode}: {proc.stderr.strip()}")
+    return proc
+
+
+@pytest.fixture(scope="session", autouse=True)
+def guest_kernel() -> None:
+    """Load the modules the other tiers need and make /run/netns usable."""
+    sh("modprobe", "-a", *MODULES)
+    run = Path("/run")
+    if not os.access(run, os.W_OK):  # virtme mounts a tmpfs there; be sure of it
+        sh("mount", "-t", "tmpfs", "tmpfs", str(run))
+    (run / "netns").mkdir(exist_ok=True)
+
+
+@pytest.fixture
+def results_dir() -> Path:
+    """Where a guest test may leave files for the host (shared via --rwdir)."""
+    return Path(os.environ["PLEXUS_VM_RESULTS"])
+
+
+@pytest.fixture
+def netns() -> Iterator[Callable[[], str]]:
+    """A factory of named network namespaces (lo up), deleted after the test."""
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"pxv-{uuid.uuid4().hex[:8]}"
+        sh("ip", "netns", "add", name)
+        made.append(name)
+        sh("ip", "link", "set", "lo", "up", netns=name)
+        return name
+
+    yield make
+    for name in made:
+        sh("ip", "netns", "del", name, check=False)
+
+
+@dataclass(frozen=True)
+class Pf:
+    """QEMU's igb SR-IOV PF: its PCI address, sysfs dir and netdev."""
+
+    pci: str
+    sysfs: Path
+    netdev: str
+
+
+IGB_PF = "0000:01:00.0"
+
+
+@pytest.fixture
+def igb_pf() -> Iterator[Pf]:
+    """The igb PF with no VFs; any VFs a test creates are removed afterwards."""
+    sysfs = Path("/sys/bus/pci/devices") / IGB_PF
+    (netdev,) = (p.name for p in (sysfs / "net").iterdir())
+    numvfs = sysfs / "sriov_numvfs"
+    numvfs.write_text("0")
+    yield Pf(IGB_PF, sysfs, netdev)
+    numvfs.write_text("0")

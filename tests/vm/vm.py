@@ -1,0 +1,262 @@
+"""Boot the VM tier's kernel once with virtme-ng and run tests/vm/guest inside it.
+
+The guest sees the host's / read-only (virtiofs when virtiofsd is installed, else the
+~3x slower 9p), with throwaway overlays on /tmp, /var, /etc, ..., and writes its
+results into a host directory shared with --rwdir.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+GUEST_DIR = REPO / "tests" / "vm" / "guest"
+SETUP_SCRIPT = REPO / "scripts" / "setup-vm.sh"
+VNG_BIN = REPO / ".venv-vm" / "bin"
+# Everything the guest needs besides the kernel: QEMU's igb is the SR-IOV PF.
+QEMU_OPTS = (
+    "-device pcie-root-port,id=rp1,chassis=1,slot=1 "
+    "-netdev user,id=n1 -device igb,netdev=n1,bus=rp1"
+)
+TIMEOUT = float(os.environ.get("PLEXUS_VM_TIMEOUT", "900"))
+IN_VM_ENV = "PLEXUS_IN_VM"
+RESULTS_ENV = "PLEXUS_VM_RESULTS"
+
+
+def kernel_version() -> str:
+    """The guest kernel pinned by scripts/setup-vm.sh (its VM_KERNEL line)."""
+    match = re.search(r"^VM_KERNEL=(\S+)$", SETUP_SCRIPT.read_text(), re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"no VM_KERNEL= line in {SETUP_SCRIPT}")
+    return match.group(1)
+
+
+def missing_tooling() -> list[str]:
+    """What the host lacks to boot the VM; empty when it can."""
+    kernel = kernel_version()
+    wanted = {
+        "vng (.venv-vm)": (VNG_BIN / "vng").exists() and (VNG_BIN / "virtme-run").exists(),
+        "qemu-system-x86_64": shutil.which("qemu-system-x86_64") is not None,
+        f"/boot/vmlinuz-{kernel}": Path(f"/boot/vmlinuz-{kernel}").exists(),
+        f"/lib/modules/{kernel}": Path(f"/lib/modules/{kernel}").is_dir(),
+        "busybox-static": Path("/bin/busybox").exists(),
+    }
+    return [name for name, ok in wanted.items() if not ok]
+
+
+def guest_rootfs() -> str:
+    """How vng will share / with the guest: virtiofs if it finds a virtiofsd."""
+    found = shutil.which("virtiofsd") or Path("/usr/libexec/virtiofsd").exists()
+    return "virtiofs" if found else "9p"
+
+
+def guest_python() -> str:
+    """The repo's venv interpreter by full path (the guest has no pyenv on PATH)."""
+    venv = REPO / ".venv" / "bin" / "python3"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def collect_guest_tests() -> list[str]:
+    """Node ids of the guest tests, collected on the host (where they are skipped).
+
+    A guest file that fails to import is missing here; the host's own collection of
+    tests/vm/guest and test_guest_suite_passed report it.
+    """
+    argv = [guest_python(), "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    proc = subprocess.run(
+        [*argv, str(GUEST_DIR.relative_to(REPO))],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    prefix = f"{GUEST_DIR.relative_to(REPO).as_posix()}/"
+    return [line for line in proc.stdout.splitlines() if line.startswith(prefix) and "::" in line]
+
+
+def junit_key(nodeid: str) -> str:
+    """The `classname::name` pytest's junitxml writes for a node id."""
+    path, bracket, params = nodeid.partition("[")
+    names = path.split("::")
+    names[0] = re.sub(r"\.py$", "", names[0].replace("/", "."))
+    names[-1] += bracket + params
+    return "::".join([".".join(names[:-1]), names[-1]])
+
+
+@dataclass
+class GuestResult:
+    """One guest test as junit recorded it."""
+
+    outcome: str  # passed | failed | error | skipped
+    message: str = ""
+    details: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class GuestRun:
+    """The outcome of one VM boot running the guest suite."""
+
+    returncode: int | None  # None: killed on timeout
+    seconds: float
+    results_dir: Path
+    results: dict[str, GuestResult] = field(default_factory=dict)
+
+    @property
+    def log(self) -> str:
+        path = self.results_dir / "console.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    @property
+    def boot_seconds(self) -> float | None:
+        """Guest uptime when the guest command started: the boot's share of `seconds`."""
+        path = self.results_dir / "boot-seconds"
+        try:
+            return float(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.splitlines()[-lines:])
+
+    def failures(self) -> dict[str, GuestResult]:
+        return {k: r for k, r in self.results.items() if r.outcome in ("failed", "error")}
+
+
+def _captured(text: str | None) -> bool:
+    """Whether junit's system-out/err holds more than pytest's empty section headers."""
+    lines = (text or "").splitlines()
+    return any(line.strip() and not re.fullmatch(r"-+ Captured \w+ -+", line) for line in lines)
+
+
+def parse_junit(path: Path) -> dict[str, GuestResult]:
+    """Guest results keyed by junit_key(); an empty dict when the file is absent."""
+    if not path.exists():
+        return {}
+    results: dict[str, GuestResult] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        key = f"{case.get('classname', '')}::{case.get('name', '')}"
+        result = GuestResult("passed", seconds=float(case.get("time", "0") or 0))
+        for child in case:
+            if child.tag in ("failure", "error", "skipped") and result.outcome != "failed":
+                result.outcome = {"failure": "failed"}.get(child.tag, child.tag)
+                result.message = child.get("message", "")
+                result.details = (child.text or "").strip()
+        output = [
+            f"--- guest {child.tag} ---\n{(child.text or '').strip()}"
+            for child in case
+            if child.tag in ("system-out", "system-err") and _captured(child.text)
+        ]
+        if output and result.outcome in ("failed", "error"):
+            result.details = "\n".join([result.details, *output])
+        results[key] = result
+    return results
+
+
+def guest_command(results_dir: Path, selected: list[str]) -> str:
+    """The shell command the guest runs: pytest over the selected guest tests."""
+    env = {
+        IN_VM_ENV: "1",
+        RESULTS_ENV: str(results_dir),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    argv = [
+        guest_python(),
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rfEs",
+        "-o",
+        "junit_logging=all",
+        f"--junitxml={results_dir / 'junit.xml'}",
+        "--basetemp=/tmp/plexus-vm",  # the guest's /tmp: a throwaway overlay in RAM
+        *(selected or [str(GUEST_DIR.relative_to(REPO))]),
+    ]
+    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    uptime = shlex.quote(str(results_dir / "boot-seconds"))
+    return (
+        f"cut -d' ' -f1 /proc/uptime > {uptime}; "
+        f"cd {shlex.quote(str(REPO))} && env {assigns} {shlex.join(argv)}"
+    )
+
+
+def vng_argv(results_dir: Path, command: str) -> list[str]:
+    """The vng invocation: software emulation, 1 GiB, results shared read-write."""
+    return [
+        str(VNG_BIN / "vng"),
+        "--disable-kvm",
+        "-m",
+        "1G",
+        f"--rwdir={results_dir}",
+        "-r",
+        f"/boot/vmlinuz-{kernel_version()}",
+        f"--qemu-opts={QEMU_OPTS}",
+        "--exec",
+        command,
+    ]
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End the VM: its process group is ours (start_new_session), qemu included."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)  # also reaches qemu if vng itself is gone
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            continue
+        time.sleep(0.2)  # let the rest of the group exit before checking it is gone
+    proc.wait()
+
+
+def run_guest_suite(
+    results_dir: Path, selected: list[str] | None = None, timeout: float = TIMEOUT
+) -> GuestRun:
+    """Boot once, run the guest tests, and always leave no VM behind."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    argv = vng_argv(results_dir, guest_command(results_dir, selected or []))
+    env = {**os.environ, "PATH": f"{VNG_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # qemu reopens (and truncates) /proc/self/fd/2: keep the command in its own file.
+    (results_dir / "vng-command.txt").write_text(shlex.join(argv) + "\n")
+    start = time.monotonic()
+    returncode: int | None = None
+    with (results_dir / "console.log").open("wb") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            returncode = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            _stop(proc)
+    if returncode is None:
+        with (results_dir / "console.log").open("a") as log:
+            log.write(f"\n*** VM killed after {timeout:.0f} s ***\n")
+    return GuestRun(
+        returncode=returncode,
+        seconds=time.monotonic() - start,
+        results_dir=results_dir,
+        results=parse_junit(results_dir / "junit.xml"),
+    )
