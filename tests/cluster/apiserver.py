@@ -320,6 +320,7 @@ class Cluster:
                 f"--service-account-signing-key-file={pki.sa_key}",
                 "--service-account-issuer=https://kubernetes.default.svc",
                 "--authorization-mode=RBAC",
+                "--allow-privileged=true",  # as every real cluster that runs CNI DaemonSets
                 "--profiling=false",
                 f"--audit-policy-file={policy}",
                 f"--audit-log-path={self.audit_log}",
