@@ -97,10 +97,10 @@ class ResultCache:
             self.results_dir.mkdir(mode=0o700, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.results_dir, prefix=".tmp-")
             try:
+                # Atomic but not fsync'd, as libcni: a lost entry after a crash is
+                # covered by DEL's fallbacks, and ADD is on the pod start-up path.
                 with os.fdopen(fd, "wb") as f:
                     f.write(entry.to_json())
-                    f.flush()
-                    os.fsync(f.fileno())
                 os.replace(tmp, target)
             except BaseException:
                 os.unlink(tmp)

@@ -16,6 +16,7 @@ from typing import Any
 from cni.errors import CNIError, ErrorCode
 from meta.config import MetaConfig
 from meta.delegate import Delegate
+from meta.devices import DeviceAllocator, DeviceSource
 from meta.selection import NETWORKS_ANNOTATION, NetworkSelection, parse_network_ref, parse_networks
 from meta.sources.base import ClusterSource, NetworkAttachmentDefinition, Pod
 
@@ -119,9 +120,15 @@ def apply_selection(config: dict[str, Any], selection: NetworkSelection) -> dict
         if selection.cni_args:
             args = plugin.setdefault("args", {})
             args.setdefault("cni", {}).update(selection.cni_args)
-        if selection.device_id:
-            plugin["deviceID"] = selection.device_id
-            plugin["pciBusID"] = selection.device_id
+    return inject_device_id(config, selection.device_id) if selection.device_id else config
+
+
+def inject_device_id(config: dict[str, Any], device_id: str) -> dict[str, Any]:
+    """The config with `deviceID` and `pciBusID` set in every plugin, as Multus does."""
+    config = copy.deepcopy(config)
+    for plugin in _for_each_plugin(config):
+        plugin["deviceID"] = device_id
+        plugin["pciBusID"] = device_id
     return config
 
 
@@ -150,24 +157,39 @@ def selection_capability_args(
 
 
 class Resolver:
-    """Turns a pod's request into delegates, reading NADs through the cluster source."""
+    """Turns a pod's request into delegates, reading NADs through the cluster source.
 
-    def __init__(self, conf: MetaConfig, source: ClusterSource | None, ifname: str) -> None:
+    With a device source, networks whose NAD has a `resourceName` get one of the pod's
+    device IDs of that resource (see meta.devices); without one they get none.
+    """
+
+    def __init__(
+        self,
+        conf: MetaConfig,
+        source: ClusterSource | None,
+        ifname: str,
+        devices: DeviceSource | None = None,
+    ) -> None:
         self.conf = conf
         self.source = source
         self.ifname = ifname
+        self.devices = devices
 
     def resolve(self, pod: Pod | None) -> list[Delegate]:
         """All delegates for the pod, in attach order, with unique interface names."""
         if self.source is None or pod is None:
             delegates = self._static_delegates()
         else:
+            selections = self._selections(pod)
             delegates = [self._cluster_delegate(pod)]
             if pod.namespace not in self.conf.system_namespaces:
                 for ref in self.conf.default_networks:
                     delegates.append(self.named_delegate(ref, len(delegates)))
-            for selection in self._selections(pod):
+            for selection in selections:
                 delegates.append(self._selected_delegate(pod, selection, len(delegates)))
+            if self.devices is not None:
+                reserved = [s.device_id for s in selections if s.device_id]
+                _assign_devices(delegates, DeviceAllocator(self.devices, pod, reserved))
         _check_unique_ifnames(delegates)
         return delegates
 
@@ -197,45 +219,51 @@ class Resolver:
                     f"{DEFAULT_NETWORK_ANNOTATION} must name exactly one network, "
                     f"got {annotation!r}",
                 )
-            network, config = self._named_config(selections[0].ref)
+            network, config, resource = self._named_config(selections[0].ref)
         elif self.conf.cluster_network:
-            network, config = self._named_config(self.conf.cluster_network)
+            network, config, resource = self._named_config(self.conf.cluster_network)
         else:
             config = copy.deepcopy(self.conf.delegates[0])
-            network = str(config.get("name", "cluster"))
+            network, resource = str(config.get("name", "cluster")), ""
         return Delegate(
             network=str(config.get("name", network)),
             ifname=self.ifname,
             config=config,
             default=True,
             capability_args=dict(self.conf.runtime_config),
+            resource_name=resource,
         )
 
     def named_delegate(self, ref: str, index: int) -> Delegate:
-        network, config = self._named_config(ref)
+        network, config, resource = self._named_config(ref)
         return Delegate(
             network=network,
             ifname=f"net{index}",
             config=config,
             capability_args=dict(self.conf.runtime_config),
+            resource_name=resource,
         )
 
-    def _named_config(self, ref: str) -> tuple[str, dict[str, Any]]:
-        """clusterNetwork / defaultNetworks entry: a NAD, a config file path, or a config name."""
+    def _named_config(self, ref: str) -> tuple[str, dict[str, Any], str]:
+        """clusterNetwork / defaultNetworks entry: a NAD, a config file path, or a config name.
+
+        Returns the network's name, its config and its NAD's resourceName ("" if none).
+        """
         if os.path.isabs(ref) and ref.endswith(CONF_SUFFIXES):
             try:
-                return ref, parse_config_text(Path(ref).read_text(), ref)
+                return ref, parse_config_text(Path(ref).read_text(), ref), ""
             except OSError as exc:
                 raise NetworkNotFound(ref, str(exc)) from exc
         if self.source is not None:
             namespace, name = parse_network_ref(ref, self.conf.multus_namespace)
             nad = self.source.get_nad(namespace, name)
             if nad is not None:
-                return f"{namespace}/{name}", nad_config(nad, self.conf.conf_dir)
+                config = nad_config(nad, self.conf.conf_dir)
+                return f"{namespace}/{name}", config, nad.resource_name or ""
         found = find_conf_file(self.conf.conf_dir, ref)
         if found is None:
             raise NetworkNotFound(ref, f"no NAD and no config of that name in {self.conf.conf_dir}")
-        return ref, found
+        return ref, found, ""
 
     def _selections(self, pod: Pod) -> list[NetworkSelection]:
         value = pod.annotations.get(NETWORKS_ANNOTATION, "")
@@ -262,7 +290,21 @@ class Resolver:
             config=config,
             capability_args=caps,
             gateway_request=list(selection.default_route or []),
+            resource_name=nad.resource_name or "",
+            device_id=selection.device_id or "",
         )
+
+
+def _assign_devices(delegates: list[Delegate], allocator: DeviceAllocator) -> None:
+    """Give each network with a resource and no explicit deviceID the next device ID."""
+    for delegate in delegates:
+        if not delegate.resource_name or delegate.device_id:
+            continue
+        device_id = allocator.take(delegate.resource_name, delegate.network)
+        delegate.device_id = device_id
+        delegate.config = inject_device_id(delegate.config, device_id)
+        if "deviceID" in declared_capabilities(delegate.config):
+            delegate.capability_args["deviceID"] = device_id
 
 
 def _check_unique_ifnames(delegates: list[Delegate]) -> None:

@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from cni.errors import CNIError, ErrorCode
 from cni.models import validation_details
+from meta import deviceinfo
+from meta.podresources import checkpoint, client
 
 DEFAULT_CNI_DIR = "/var/lib/cni/plexus"
 DEFAULT_CONF_DIR = "/etc/cni/multus/net.d"
@@ -40,6 +42,9 @@ class MetaConfig(BaseModel):
     retry_delete_on_error: bool = Field(False, alias="retryDeleteOnError")
     kubeconfig: str = ""
     cluster_dir: str = Field("", alias="clusterDir")
+    device_info_dir: str = Field(deviceinfo.DEFAULT_DIR, alias="deviceInfoDir")
+    pod_resources_socket: str = Field(client.DEFAULT_SOCKET, alias="podResourcesSocket")
+    device_checkpoint_file: str = Field(checkpoint.DEFAULT_CHECKPOINT, alias="deviceCheckpointFile")
     runtime_config: dict[str, Any] = Field(default_factory=dict, alias="runtimeConfig")
     capabilities: dict[str, bool] = Field(default_factory=dict)
 

@@ -19,6 +19,8 @@ class Delegate(BaseModel):
     default: bool = False
     capability_args: dict[str, Any] = Field(default_factory=dict)
     gateway_request: list[str] = Field(default_factory=list)
+    resource_name: str = Field("", description="the NAD's device-plugin resource, if any")
+    device_id: str = Field("", description="the device given to this attachment, if any")
     device_info: dict[str, Any] | None = None
 
     @property

@@ -21,10 +21,11 @@ from cni.errors import CNIError, ErrorCode
 from cni.result import Result
 from cni.runtime import CNIRuntime, RuntimeConf
 from cni.version import version_at_least
-from meta import routes
+from meta import deviceinfo, routes
 from meta.attachments import NetworkNotFound, Resolver
 from meta.config import MetaConfig
 from meta.delegate import Delegate
+from meta.devices import DeviceSource
 from meta.logs import StepLogger
 from meta.records import AttachmentRecord, RecordStore
 from meta.sources.base import ClusterSource, Pod
@@ -42,11 +43,13 @@ class Engine:
         source: ClusterSource | None,
         runtime: CNIRuntime,
         records: RecordStore,
+        devices: DeviceSource | None = None,
     ) -> None:
         self.conf = conf
         self.source = source
         self.runtime = runtime
         self.records = records
+        self.devices = devices
 
     # ---- ADD -----------------------------------------------------------------
 
@@ -58,7 +61,8 @@ class Engine:
             if pod is None and self._pod_expected(args):
                 log.warning("pod not found: returning an empty result without attaching anything")
                 return Result(cniVersion=self.conf.cni_version)
-            delegates = self._resolve(args, pod, log)
+            delegates = self._resolve(args, pod, log, devices=self.devices)
+            self._name_device_info_files(args, delegates)
             plan = routes.plan_default_routes(delegates)
             self.records.save(
                 AttachmentRecord(
@@ -106,6 +110,7 @@ class Engine:
             ifname=delegate.ifname,
             delegate="+".join(delegate.plugin_types),
         ) as fields:
+            self._copy_device_info(delegate, log)
             try:
                 result = self.runtime.add(delegate.network_config(), self._rt(args, delegate))
             except CNIError as exc:
@@ -113,7 +118,58 @@ class Engine:
                     exc.code, f"ADD of {delegate.label} failed: {exc.msg}", exc.details
                 ) from exc
             fields["ips"] = result.ip_strings()
+            delegate.device_info = self._load_device_info(delegate, log)
             return result
+
+    # Device-info files, as Multus: the device plugin's file is copied to the network's
+    # CNI file before ADD (best effort), read back after ADD (the delegate may have
+    # written it) and removed after DEL.
+
+    def _name_device_info_files(self, args: CmdArgs, delegates: list[Delegate]) -> None:
+        for delegate in delegates:
+            if delegate.device_id:
+                path = deviceinfo.cni_path(
+                    self.conf.device_info_dir,
+                    delegate.network_config().name,
+                    args.container_id,
+                    delegate.ifname,
+                )
+                delegate.capability_args[deviceinfo.CAPABILITY] = str(path)
+
+    def _copy_device_info(self, delegate: Delegate, log: StepLogger) -> None:
+        path = delegate.capability_args.get(deviceinfo.CAPABILITY)
+        if not (path and delegate.resource_name and delegate.device_id):
+            return
+        try:
+            copied = deviceinfo.copy_from_dp(
+                self.conf.device_info_dir, delegate.resource_name, delegate.device_id, path
+            )
+            log.info(
+                "device-info copied" if copied else "no device-info from the device plugin",
+                network=delegate.network,
+                device=delegate.device_id,
+            )
+        except CNIError as exc:
+            log.warning("device-info not copied", network=delegate.network, error=str(exc))
+
+    def _load_device_info(self, delegate: Delegate, log: StepLogger) -> dict[str, Any] | None:
+        path = delegate.capability_args.get(deviceinfo.CAPABILITY)
+        if not (path and delegate.device_id):
+            return None
+        try:
+            return deviceinfo.load(path)
+        except CNIError as exc:
+            log.warning("device-info not reported", network=delegate.network, error=str(exc))
+            return None
+
+    def _clean_device_info(self, delegate: Delegate, log: StepLogger) -> None:
+        path = delegate.capability_args.get(deviceinfo.CAPABILITY)
+        if not isinstance(path, str):
+            return
+        try:
+            deviceinfo.clean(self.conf.device_info_dir, path)
+        except CNIError as exc:
+            log.warning("device-info not removed", network=delegate.network, error=str(exc))
 
     def _rewrite_routes(
         self, args: CmdArgs, delegate: Delegate, result: Result, plan: routes.RoutePlan
@@ -137,6 +193,7 @@ class Engine:
                     self.runtime.delete(delegate.network_config(), self._rt(args, delegate))
             except CNIError:
                 pass  # logged by the step; rollback goes on
+            self._clean_device_info(delegate, log)
         self.records.delete(args.container_id)
 
     def _report(
@@ -246,6 +303,7 @@ class Engine:
                 except CNIError as exc:
                     if attempt == attempts:
                         errors.append((delegate, exc))
+            self._clean_device_info(delegate, log)
         return errors
 
     # ---- CHECK ---------------------------------------------------------------
@@ -379,11 +437,18 @@ class Engine:
         return pod
 
     def _resolve(
-        self, args: CmdArgs, pod: Pod | None, log: StepLogger, events: bool = True
+        self,
+        args: CmdArgs,
+        pod: Pod | None,
+        log: StepLogger,
+        events: bool = True,
+        devices: DeviceSource | None = None,
     ) -> list[Delegate]:
+        """The pod's delegates; device IDs are looked up only when `devices` is given (ADD)."""
         try:
             with log.step("resolve networks") as fields:
-                delegates = Resolver(self.conf, self.source, args.ifname).resolve(pod)
+                resolver = Resolver(self.conf, self.source, args.ifname, devices)
+                delegates = resolver.resolve(pod)
                 fields["networks"] = [f"{d.network}@{d.ifname}" for d in delegates]
                 return delegates
         except NetworkNotFound as exc:

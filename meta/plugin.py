@@ -2,30 +2,36 @@
 
 from __future__ import annotations
 
+import os
+
 from cni.env import CmdArgs
-from cni.errors import CNIError, ErrorCode
 from cni.invoke import Executor
 from cni.result import Result
 from cni.runtime import CNIRuntime
 from meta import logs
 from meta.config import MetaConfig, load_meta_config
+from meta.devices import DeviceSource
 from meta.engine import Engine
+from meta.podresources.client import PodResourcesClient
 from meta.records import RecordStore
 from meta.sources.base import ClusterSource
 
 
-def source_for(conf: MetaConfig) -> ClusterSource | None:
-    """The cluster source a config names: the embedded store, or none."""
+def source_for(conf: MetaConfig, node_name: str = "", daemon: bool = False) -> ClusterSource | None:
+    """The cluster source a config names: the embedded store, the API server, or none.
+
+    The daemon keeps informer caches and may use the in-cluster service account;
+    thin mode reads the API server directly, only with an explicit kubeconfig.
+    """
     if conf.cluster_dir:
         from meta.sources.store import EmbeddedStore
 
         return EmbeddedStore(conf.cluster_dir)
-    if conf.kubeconfig:
-        raise CNIError(
-            ErrorCode.NOT_AVAILABLE,
-            "kubeconfig is set but the Kubernetes source runs only in the node daemon",
-            "start `plexus daemon`, or use clusterDir for an embedded store",
-        )
+    if conf.kubeconfig or (daemon and os.environ.get("KUBERNETES_SERVICE_HOST")):
+        from meta.sources.kube import KubeSource
+        from meta.sources.kubeapi import KubeAPI
+
+        return KubeSource(KubeAPI(conf.kubeconfig), node_name, informers=daemon)
     return None
 
 
@@ -33,7 +39,8 @@ class MetaPlugin:
     """`type: plexus`; implements cni.skel.Plugin.
 
     `source` lets a long-running host share one cluster source across calls;
-    otherwise each call builds the one its config names.
+    otherwise each call builds the one its config names. Likewise `devices` (where
+    pods' device IDs come from); by default the kubelet at the config's paths.
     """
 
     def __init__(
@@ -41,10 +48,12 @@ class MetaPlugin:
         source: ClusterSource | None = None,
         executor: Executor | None = None,
         configure_logging: bool = True,
+        devices: DeviceSource | None = None,
     ) -> None:
         self.source = source
         self.executor = executor
         self.configure_logging = configure_logging
+        self.devices = devices
 
     def engine(self, args: CmdArgs) -> Engine:
         conf = load_meta_config(args.stdin)
@@ -52,8 +61,16 @@ class MetaPlugin:
             logs.configure(conf.log_level, conf.log_file, conf.log_to_stderr)
         source = self.source if self.source is not None else source_for(conf)
         paths = ([conf.bin_dir] if conf.bin_dir else []) + list(args.path)
-        runtime = CNIRuntime(paths, conf.cni_dir, self.executor)
-        return Engine(conf, source, runtime, RecordStore(conf.cni_dir))
+        executor = self.executor
+        if executor is None:
+            from delegates.builtin import BuiltinExecutor
+
+            executor = BuiltinExecutor(exec_types=set(conf.exec_delegates))
+        runtime = CNIRuntime(paths, conf.cni_dir, executor)
+        devices = self.devices
+        if devices is None:
+            devices = PodResourcesClient(conf.pod_resources_socket, conf.device_checkpoint_file)
+        return Engine(conf, source, runtime, RecordStore(conf.cni_dir), devices)
 
     def add(self, args: CmdArgs) -> Result:
         return self.engine(args).add(args)

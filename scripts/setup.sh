@@ -28,6 +28,9 @@ if [[ ! -x .venv/bin/python3 ]] || [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]
 fi
 test -x .venv/bin/plexus
 
+# gRPC stubs from the .proto files (build outputs, not in git); regenerated only when a .proto changes.
+.venv/bin/python3 scripts/gen-protos.py
+
 # The VM tier: QEMU, the pinned Debian kernel, virtme-ng (ipvlan, VLAN, SR-IOV tests).
 scripts/setup-vm.sh
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from http.server import ThreadingHTTPServer
 
 from meta import logs
@@ -14,6 +15,7 @@ from meta.daemon.http import start_http
 from meta.daemon.metrics import Metrics
 from meta.daemon.server import SocketServer
 from meta.plugin import MetaPlugin, source_for
+from meta.sources.kube import KubeSource
 
 log = logging.getLogger("plexus.daemon")
 
@@ -24,7 +26,9 @@ def run_daemon(config_path: str, node_name: str) -> int:
     logs.configure(conf.log_level, conf.log_file, conf.log_to_stderr)
     metrics = Metrics()
     logging.getLogger(logs.LOGGER_NAME).addHandler(metrics.step_handler())
-    source = source_for(conf)
+    source = source_for(conf, node_name, daemon=True)
+    if isinstance(source, KubeSource):
+        source.start()
     plugin = MetaPlugin(source=source, configure_logging=False)
     server = SocketServer(conf.socket_dir, plugin, metrics, conf.max_concurrent_requests)
     server.bind()
@@ -32,13 +36,15 @@ def run_daemon(config_path: str, node_name: str) -> int:
     http: ThreadingHTTPServer | None = None
     if conf.metrics_port:
         http = start_http(conf.metrics_bind_address, conf.metrics_port, metrics, ready.is_set)
+    serving = threading.Thread(target=server.serve_forever, name="socket", daemon=True)
+    serving.start()
     writer = ConfigWriter(conf) if conf.cni_conf_dir else None
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    serving = threading.Thread(target=server.serve_forever, name="socket", daemon=True)
-    serving.start()
+    if isinstance(source, KubeSource):
+        _wait_for_sync(source, stop)
     ready.set()
     if writer is not None:
         writer.start()
@@ -58,5 +64,16 @@ def run_daemon(config_path: str, node_name: str) -> int:
     server.stop()
     if http is not None:
         http.shutdown()
+    if isinstance(source, KubeSource):
+        source.stop()
     log.info("daemon stopped")
     return 0
+
+
+def _wait_for_sync(source: KubeSource, stop: threading.Event) -> None:
+    """Ready only once both informers have listed: the CNI config is written after that."""
+    started = time.monotonic()
+    while not source.synced() and not stop.wait(0.1):
+        if time.monotonic() - started > 30:
+            log.warning("informers not synced yet; is the API server reachable?")
+            started = time.monotonic()

@@ -6,105 +6,16 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from delegates.netns import run_in_netns
 from meta.daemon import protocol
 from tests.netns.conftest import Node
-
-PLEXUS = str(Path(sys.executable).parent / "plexus")
-
-
-class Daemon:
-    """`plexus daemon` in the node's namespace, started and stopped by PID."""
-
-    def __init__(self, node: Node, **extra: Any) -> None:
-        self.node = node
-        self.port = _free_port(node)
-        self.config = node.root / "daemon.json"
-        conf = node.meta(metricsPort=self.port, **extra)
-        self.config.write_text(json.dumps(conf))
-        self.socket = node.root / "run" / protocol.SOCKET_NAME
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                self.node.name,
-                PLEXUS,
-                "daemon",
-                "--config",
-                str(self.config),
-                "--node-name",
-                "test-node",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 30
-        while not self._ready():
-            assert self.proc.poll() is None, "daemon exited at start-up"
-            assert time.monotonic() < deadline, "daemon not ready after 30 s"
-            time.sleep(0.05)
-
-    def _ready(self) -> bool:
-        try:
-            return self.get("/readyz")[0] == 200
-        except OSError:
-            return False
-
-    def get(self, path: str) -> tuple[int, str]:
-        def fetch() -> tuple[int, str]:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
-                    return r.status, r.read().decode()
-            except urllib.error.HTTPError as err:
-                return err.code, err.read().decode()
-
-        return run_in_netns(f"/run/netns/{self.node.name}", fetch)
-
-    def metric(self, name: str, **labels: str) -> float:
-        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-        for line in self.get("/metrics")[1].splitlines():
-            if line.startswith(f"{name}{{{want}}} ") or (
-                not labels and line.startswith(f"{name} ")
-            ):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(timeout=60)
-        self.proc = None
-
-    def peak_rss_mib(self) -> float:
-        assert self.proc is not None
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        raise AssertionError("no VmHWM")
-
-
-def _free_port(node: Node) -> int:
-    def pick() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
-
-    return run_in_netns(f"/run/netns/{node.name}", pick)
+from tests.netns.daemon import Daemon
 
 
 @pytest.fixture
@@ -209,7 +120,8 @@ def test_del_after_a_daemon_restart(node: Node, daemon: Daemon) -> None:
     assert node.links(netns) == ["lo"] and node.reserved_ips() == []
 
 
-def test_daemon_killed_mid_add_then_del_and_gc_leave_nothing(node: Node, daemon: Daemon) -> None:
+def _slow_network(node: Node) -> None:
+    """NAD slow-net: macvlan chained with a plugin that takes 3 s on ADD."""
     slow = node.bin / "slow"
     slow.write_text(
         "#!/bin/sh\n# a chained plugin that takes its time on ADD and does nothing else\n"
@@ -225,14 +137,22 @@ def test_daemon_killed_mid_add_then_del_and_gc_leave_nothing(node: Node, daemon:
             "plugins": [node.macvlan_conf(), {"type": "slow"}],
         },
     )
+
+
+def _wait_for_link(node: Node, netns: str, ifname: str) -> None:
+    deadline = time.monotonic() + 20
+    while ifname not in node.links(netns):
+        assert time.monotonic() < deadline, f"{ifname} never appeared"
+        time.sleep(0.05)
+
+
+def test_daemon_killed_mid_add_then_del_and_gc_leave_nothing(node: Node, daemon: Daemon) -> None:
+    _slow_network(node)
     node.pod("k", "slow-net")
     netns = node.pod_netns()
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(node.cni, "ADD", netns=netns, cid="c-k", pod="k")
-        deadline = time.monotonic() + 20
-        while "net1" not in node.links(netns):
-            assert time.monotonic() < deadline, "macvlan never appeared"
-            time.sleep(0.05)
+        _wait_for_link(node, netns, "net1")
         daemon.stop(signal.SIGKILL)
         answer = pending.result(timeout=30)
     assert answer.returncode != 0 and json.loads(answer.stdout)["code"] == 11
@@ -245,6 +165,22 @@ def test_daemon_killed_mid_add_then_del_and_gc_leave_nothing(node: Node, daemon:
     assert node.reserved_ips() == []
     assert list((node.cni_dir / "records").iterdir()) == []
     assert [p for p in (node.cni_dir / "results").iterdir()] == []
+
+
+def test_sigterm_lets_an_in_flight_add_finish(node: Node, daemon: Daemon) -> None:
+    _slow_network(node)
+    node.pod("t", "slow-net")
+    netns = node.pod_netns()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(node.cni, "ADD", netns=netns, cid="c-t", pod="t")
+        _wait_for_link(node, netns, "net1")
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGTERM)
+        answer = pending.result(timeout=30)
+        assert daemon.proc.wait(timeout=30) == 0
+    assert answer.returncode == 0, answer.stdout
+    assert len(node.network_status("t")) == 2
+    assert not daemon.socket.exists()  # later calls fall back to thin mode
 
 
 def test_hundred_concurrent_adds_through_the_shim(node: Node, daemon: Daemon) -> None:

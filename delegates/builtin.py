@@ -1,0 +1,64 @@
+"""An Executor that runs Plexus's own plugins in-process and execs everything else.
+
+`BuiltinExecutor` hosts the plugin types in HOSTED (macvlan, ipvlan): for those it
+parses the CNI_* environment and stdin exactly as the plugin binary would and calls
+cni.skel.dispatch in this process, which saves the fork/exec and interpreter start of
+a binary (and pyroute2 is imported once per process, not per call). Types listed in
+`exec_types`, and any type it does not host, go to the fallback executor
+(cni.invoke.ExecExecutor by default), which finds the binary in CNI_PATH.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Iterable, Mapping
+
+from cni.env import cmd_args_from_env
+from cni.errors import CNIError
+from cni.invoke import ExecExecutor, Executor
+from cni.skel import UNEXPECTED_ERROR, Plugin, dispatch
+
+log = logging.getLogger("plexus.delegates")
+
+HOSTED: dict[str, tuple[str, str]] = {
+    "macvlan": ("delegates.macvlan", "MacvlanPlugin"),
+    "ipvlan": ("delegates.ipvlan", "IPvlanPlugin"),
+}
+"""Plugin type -> (module, class); modules are imported on first use."""
+
+
+def hosted_plugin(plugin_type: str) -> Plugin:
+    """A fresh instance of the in-process plugin for `plugin_type` (KeyError if none)."""
+    module, name = HOSTED[plugin_type]
+    cls = getattr(importlib.import_module(module), name)
+    plugin: Plugin = cls()
+    return plugin
+
+
+class BuiltinExecutor:
+    """cni.invoke.Executor: in-process for hosted types, `fallback` for the rest."""
+
+    def __init__(self, exec_types: Iterable[str] = (), fallback: Executor | None = None) -> None:
+        self.exec_types = frozenset(exec_types)
+        self.fallback: Executor = fallback if fallback is not None else ExecExecutor()
+
+    def hosts(self, plugin_type: str) -> bool:
+        """True if `plugin_type` runs in-process."""
+        return plugin_type in HOSTED and plugin_type not in self.exec_types
+
+    def run(self, plugin_type: str, stdin: bytes, env: Mapping[str, str]) -> bytes:
+        """What the plugin would print on success; its CNIError on failure."""
+        if not self.hosts(plugin_type):
+            return self.fallback.run(plugin_type, stdin, env)
+        args = cmd_args_from_env(env, stdin)
+        try:
+            return dispatch(hosted_plugin(plugin_type), args)
+        except CNIError:
+            raise
+        except Exception as exc:
+            # What skel.run would print for a crash of the standalone binary.
+            log.exception("in-process %s %s crashed", plugin_type, args.command)
+            raise CNIError(
+                UNEXPECTED_ERROR, "unexpected error", str(exc) or type(exc).__name__
+            ) from exc

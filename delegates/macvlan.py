@@ -1,0 +1,97 @@
+"""The macvlan CNI plugin (`type: macvlan`), compatible with the reference plugin 1.1.1.
+
+Config: `master` (default: the interface of the default route), `mode`
+(bridge/private/vepa/passthru, and source), `mtu` (0..master's), `mac` (overridden by
+CNI_ARGS `MAC`, then by `runtimeConfig.mac`), `linkInContainer` (the master lives in
+the pod namespace, as in later reference versions) and an optional `ipam` (without it
+the interface is L2 only: up, no addresses). The 1.1.1 reference has no `bcqueuelen`.
+The lifecycle is delegates.sublink's.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+from cni import skel
+from cni.env import CmdArgs
+from delegates.link import default_route_link, fail
+from delegates.sublink import (
+    LinkConf,
+    SubLinkPlugin,
+    common_fields,
+    decode_conf,
+    go_field,
+    parse_prev_result,
+)
+
+MODES = ("bridge", "private", "vepa", "passthru", "source")
+DEFAULT_MODE = "bridge"
+_MAC_FORMS = (
+    re.compile(r"(?:[0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}"),
+    re.compile(r"(?:[0-9a-fA-F]{2}-){5}[0-9a-fA-F]{2}"),
+    re.compile(r"(?:[0-9a-fA-F]{4}\.){2}[0-9a-fA-F]{4}"),
+)
+
+
+def parse_mac(text: str) -> str:
+    """A 6-byte MAC in one of Go's net.ParseMAC notations, as lower-case xx:xx:.."""
+    if not any(form.fullmatch(text) for form in _MAC_FORMS):
+        raise fail(f"invalid args {text} for MAC addr: address {text}: invalid MAC address")
+    digits = re.sub(r"[^0-9a-fA-F]", "", text).lower()
+    return ":".join(digits[i : i + 2] for i in range(0, 12, 2))
+
+
+def mac_from_cni_args(args: CmdArgs) -> str:
+    """CNI_ARGS `MAC`; as libcni's LoadArgs, other keys fail unless IgnoreUnknown is true."""
+    mac, ignore, unknown = "", False, []
+    for key, value in args.args:
+        if key == "MAC":
+            mac = value
+        elif key == "IgnoreUnknown":
+            if value.lower() not in ("1", "true", "0", "false"):
+                raise fail(
+                    f'ARGS: error parsing value of pair "{key}={value}": '
+                    f"boolean unmarshal error: invalid input {value}"
+                )
+            ignore = value.lower() in ("1", "true")
+        else:
+            unknown.append(f'"{key}={value}"')
+    if unknown and not ignore:
+        raise fail(f"ARGS: unknown args [{' '.join(unknown)}]")
+    return mac
+
+
+class MacvlanPlugin(SubLinkPlugin):
+    """`type: macvlan`; implements cni.skel.Plugin."""
+
+    kind = "macvlan"
+    mode_label = "macvlan"
+
+    def load(self, args: CmdArgs, command: str) -> LinkConf:
+        raw = decode_conf(args.stdin)
+        conf = common_fields(raw)
+        conf.mac = go_field(raw, "mac", str, "string")
+        if args.args:
+            conf.mac = mac_from_cni_args(args) or conf.mac
+        runtime = go_field(raw, "runtimeConfig", dict, "struct")
+        conf.mac = go_field(runtime, "mac", str, "string", "runtimeConfig") or conf.mac
+        conf.mode = conf.mode_name or DEFAULT_MODE
+        if conf.mode not in MODES:
+            raise fail(f'unknown macvlan mode: "{conf.mode_name}"')
+        if conf.mac:
+            conf.mac = parse_mac(conf.mac)
+        if command == "CHECK":
+            conf.prev = parse_prev_result(raw)
+            if not conf.master:
+                conf.master = self.on_master_side(conf, args, default_route_link)
+        return conf
+
+    def mode_name(self, kernel_mode: Any) -> str:
+        return str(kernel_mode)
+
+
+def main() -> None:
+    """The `plexus-macvlan` binary."""
+    sys.exit(skel.run(MacvlanPlugin()))

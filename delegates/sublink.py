@@ -1,0 +1,319 @@
+"""The lifecycle macvlan and ipvlan share: a link stacked on a master, moved into a pod.
+
+ADD creates the link on the master's side under a temporary name straight into the pod
+namespace (IFLA_NET_NS_FD), gets the IP config (IPAM, or a chained prevResult), then on
+one thread inside the pod renames it to CNI_IFNAME and brings it up in one message, sets
+arp_notify/ndisc_notify and applies addresses and routes. A failure after the link
+exists deletes it and releases IPAM, so nothing is left behind. One netlink socket is
+opened where the master lives and one inside the pod.
+
+CHECK and DEL follow the reference plugins (1.1.1); their messages are kept, and every
+plugin error has the reference's code 999.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+from cni.env import CmdArgs
+from cni.errors import CNIError
+from cni.result import DNS, Interface, Result
+from delegates import ipconfig
+from delegates.link import (
+    Link,
+    create_child,
+    default_route_link,
+    delete_link,
+    describe,
+    fail,
+    find_link,
+    netlink,
+    netns_fd,
+    set_link,
+    temp_name,
+)
+from delegates.netns import NetnsGone, run_in_netns
+
+T = TypeVar("T")
+log = logging.getLogger("plexus.delegates")
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return f"number {json.dumps(value)}"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def go_field(obj: Mapping[str, Any], key: str, want: type, go_type: str, where: str = "") -> Any:
+    """obj[key] as Go's encoding/json decodes it into a field of type `go_type`."""
+    value = obj.get(key)
+    if value is None:
+        return want()
+    if isinstance(value, want) and not (want is int and isinstance(value, bool)):
+        return value
+    raise fail(
+        f"failed to load netconf: json: cannot unmarshal {_json_kind(value)} into Go struct "
+        f"field {where or 'NetConf'}.{key} of type {go_type}"
+    )
+
+
+def decode_conf(stdin: bytes) -> dict[str, Any]:
+    """The plugin config (skel has already checked that it is a JSON object)."""
+    raw = json.loads(stdin)
+    if not isinstance(raw, dict):
+        raise fail("failed to load netconf: the config is not a JSON object")
+    return raw
+
+
+def parse_prev_result(raw: Mapping[str, Any]) -> Result | None:
+    """`prevResult`, read in the config's cniVersion (as libcni), or None."""
+    prev = raw.get("prevResult")
+    if prev is None:
+        return None
+    if not isinstance(prev, Mapping):
+        raise fail("could not parse prevResult: it is not a JSON object")
+    try:
+        return Result.from_dict({"cniVersion": raw.get("cniVersion", ""), **prev})
+    except CNIError as exc:
+        raise fail(f"could not parse prevResult: {exc}") from None
+
+
+@dataclass
+class LinkConf:
+    """The fields macvlan and ipvlan read from their config."""
+
+    raw: dict[str, Any]
+    master: str = ""
+    mode_name: str = ""
+    mode: Any = None  # what the kernel calls it: pyroute2's macvlan name, the ipvlan number
+    mtu: int = 0
+    mac: str = ""
+    link_in_container: bool = False
+    ipam_type: str = ""
+    dns: DNS = field(default_factory=DNS)
+    prev: Result | None = None
+
+
+def common_fields(raw: dict[str, Any]) -> LinkConf:
+    """Decode the fields both kinds have, with Go's type errors."""
+    ipam = go_field(raw, "ipam", dict, "types.IPAM")
+    try:
+        dns = DNS.model_validate(go_field(raw, "dns", dict, "types.DNS"))
+    except ValueError as exc:
+        raise fail("failed to load netconf: invalid dns", str(exc)) from None
+    return LinkConf(
+        raw=raw,
+        master=go_field(raw, "master", str, "string"),
+        mode_name=go_field(raw, "mode", str, "string"),
+        mtu=go_field(raw, "mtu", int, "int"),
+        link_in_container=go_field(raw, "linkInContainer", bool, "bool"),
+        ipam_type=go_field(ipam, "type", str, "string", "IPAM"),
+        dns=dns,
+    )
+
+
+class SubLinkPlugin:
+    """ADD/CHECK/DEL/STATUS/GC for a link on a master; subclasses give the kind's config."""
+
+    kind = ""
+    mode_label = ""  # how CHECK's mode mismatch message names the kind
+
+    def load(self, args: CmdArgs, command: str) -> LinkConf:
+        raise NotImplementedError
+
+    def mode_name(self, kernel_mode: Any) -> str:
+        raise NotImplementedError
+
+    def ip_config(self, conf: LinkConf, args: CmdArgs) -> Result | None:
+        """The IP config to apply: the IPAM result, or None for an L2-only link."""
+        if not conf.ipam_type:
+            return None
+        from delegates.ipam import ipam_add
+
+        result = ipam_add(conf.raw, args)
+        if not result.ips:
+            _release(conf, args)
+            raise fail("IPAM plugin returned missing IP config")
+        return result
+
+    # -- master side -----------------------------------------------------------------
+
+    def on_master_side(self, conf: LinkConf, args: CmdArgs, fn: Callable[[Any], T]) -> T:
+        """fn(ipr) with a netlink socket in the namespace where the master lives."""
+        if conf.link_in_container:
+            return run_in_netns(args.netns, lambda: _with_netlink(fn))
+        return _with_netlink(fn)
+
+    def master(self, ipr: Any, conf: LinkConf) -> Link:
+        """The master link (default: the default route's), after the reference's MTU check."""
+        name = conf.master or default_route_link(ipr)
+        master = find_link(ipr, name)
+        if master is None:
+            raise fail(f'failed to lookup master "{name}": Link not found')
+        if conf.mtu < 0 or conf.mtu > master.mtu:
+            raise fail(f"invalid MTU {conf.mtu}, must be [0, master MTU({master.mtu})]")
+        return master
+
+    def _create(self, ipr: Any, conf: LinkConf, args: CmdArgs, tmp: str) -> None:
+        master = self.master(ipr, conf)
+        into_pod = None if conf.link_in_container else netns_fd(args.netns)
+        with into_pod or nullcontext() as fd:
+            try:
+                create_child(
+                    ipr,
+                    self.kind,
+                    tmp,
+                    master.index,
+                    conf.mode,
+                    netns=fd,
+                    mtu=conf.mtu,
+                    mac=conf.mac,
+                )
+            except Exception as exc:
+                raise fail(f"failed to create {self.kind}: {describe(exc)}") from None
+
+    # -- ADD -------------------------------------------------------------------------
+
+    def add(self, args: CmdArgs) -> Result:
+        conf = self.load(args, "ADD")
+        tmp = temp_name()
+        self.on_master_side(conf, args, lambda ipr: self._create(ipr, conf, args, tmp))
+        try:
+            ipc = self.ip_config(conf, args)
+        except BaseException:
+            _quietly(lambda: _in_pod(args, lambda ipr: delete_link(ipr, tmp)))
+            raise
+        try:
+            iface = run_in_netns(args.netns, lambda: self._configure(args, tmp, ipc))
+        except BaseException:
+            if conf.ipam_type:
+                _release(conf, args)
+            raise
+        result = Result(interfaces=[iface], dns=conf.dns)
+        if ipc is not None:
+            result.ips = [ip.model_copy(update={"interface": 0}) for ip in ipc.ips]
+            result.routes = list(ipc.routes)
+        return result
+
+    def _configure(self, args: CmdArgs, tmp: str, ipc: Result | None) -> Interface:
+        """Inside the pod: rename + up, sysctls, addresses, routes; delete the link on failure."""
+        with netlink() as ipr:
+            link = find_link(ipr, tmp)
+            if link is None:
+                raise fail(f'failed to rename {self.kind} to "{args.ifname}": {tmp} is gone')
+            try:
+                try:
+                    set_link(ipr, link.index, name=args.ifname, up=True)
+                except Exception as exc:
+                    msg = f'failed to rename {self.kind} to "{args.ifname}": {describe(exc)}'
+                    raise fail(msg) from None
+                link = replace(link, name=args.ifname)
+                iface = Interface(name=link.name, mac=link.mac, mtu=link.mtu, sandbox=args.netns)
+                if ipc is not None:
+                    ips = [ip.model_copy(update={"interface": 0}) for ip in ipc.ips]
+                    ipconfig.set_notify_sysctls(link.name, ips)
+                    full = Result(interfaces=[iface], ips=ips, routes=ipc.routes)
+                    ipconfig.configure_iface(ipr, link, full, is_up=True)
+            except BaseException:
+                _quietly(lambda: delete_link(ipr, index=link.index))
+                raise
+        return iface
+
+    # -- CHECK -----------------------------------------------------------------------
+
+    def check(self, args: CmdArgs) -> None:
+        conf = self.load(args, "CHECK")
+        if conf.ipam_type:
+            from delegates.ipam import ipam_check
+
+            ipam_check(conf.raw, args)
+        prev = conf.prev
+        if prev is None:
+            raise fail("Required prevResult missing")
+        mine = [i for i in prev.interfaces if i.name == args.ifname and i.sandbox == args.netns]
+        sandbox = mine[0].sandbox if mine else ""
+        if sandbox != args.netns:
+            raise fail(
+                f"Sandbox in prevResult {sandbox} doesn't match configured netns: {args.netns}"
+            )
+        if conf.master:
+            self.on_master_side(conf, args, lambda ipr: self.master(ipr, conf))
+        _in_pod(args, lambda ipr: self._verify(ipr, conf, mine[0], prev, args.ifname))
+
+    def _verify(self, ipr: Any, conf: LinkConf, want: Interface, prev: Result, ifname: str) -> None:
+        link = find_link(ipr, want.name)
+        if link is None:
+            raise fail(f"Container Interface name in prevResult: {want.name} not found")
+        if link.kind != self.kind:
+            raise fail(f"Error: Container interface {link.name} not of type {self.kind}")
+        have, expected = self.mode_name(link.mode), self.mode_name(conf.mode)
+        if have != expected:
+            raise fail(
+                f"Container {self.mode_label} mode {have} does not match expected value: {expected}"
+            )
+        if want.mac and want.mac != link.mac:
+            raise fail(
+                f"Interface {want.name} Mac {want.mac} doesn't match container Mac: {link.mac}"
+            )
+        ipconfig.verify_ips(ipr, link, prev.ips)
+        ipconfig.verify_routes(ipr, prev, ifname)
+
+    # -- DEL, STATUS, GC -------------------------------------------------------------
+
+    def delete(self, args: CmdArgs) -> None:
+        """Release IPAM, then delete the link; a missing namespace or link is success."""
+        raw = decode_conf(args.stdin)
+        ipam = go_field(raw, "ipam", dict, "types.IPAM")
+        if go_field(ipam, "type", str, "string", "IPAM"):
+            from delegates.ipam import ipam_del
+
+            ipam_del(raw, args)
+        if not args.netns:
+            return
+        try:
+            _in_pod(args, lambda ipr: delete_link(ipr, args.ifname))
+        except NetnsGone:
+            return
+
+    def status(self, args: CmdArgs) -> None:
+        """Ready whenever the plugin can run (the reference 1.1.1 has no STATUS)."""
+
+    def gc(self, args: CmdArgs) -> None:
+        """Pass GC to IPAM; links need none (they go away with their namespaces)."""
+        raw = decode_conf(args.stdin)
+        if go_field(go_field(raw, "ipam", dict, "types.IPAM"), "type", str, "string", "IPAM"):
+            from delegates.ipam import ipam_gc
+
+            ipam_gc(raw, args)
+
+
+def _with_netlink(fn: Callable[[Any], T]) -> T:
+    with netlink() as ipr:
+        return fn(ipr)
+
+
+def _in_pod(args: CmdArgs, fn: Callable[[Any], T]) -> T:
+    return run_in_netns(args.netns, lambda: _with_netlink(fn))
+
+
+def _release(conf: LinkConf, args: CmdArgs) -> None:
+    from delegates.ipam import ipam_del
+
+    _quietly(lambda: ipam_del(conf.raw, args))
+
+
+def _quietly(fn: Callable[[], object]) -> None:
+    """Best-effort cleanup: log a failure, never raise it."""
+    try:
+        fn()
+    except Exception as exc:
+        log.warning("cleanup after a failed ADD failed: %s", exc)

@@ -1,0 +1,85 @@
+"""Device-info files (Network Plumbing WG device-info spec), as Multus handles them.
+
+A device plugin writes `<base>/dp/<resource>-<deviceID>-device.json` (`/` -> `-`).
+Before a network with a device is attached, it is copied to the network's CNI file
+`<base>/cni/<config name>-<containerID>_<ifname>` (also passed to the delegate as the
+`CNIDeviceInfoFile` capability); after ADD that file goes into network-status as
+`device-info`, and DEL removes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from cni.errors import CNIError, ErrorCode
+
+DEFAULT_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
+CAPABILITY = "CNIDeviceInfoFile"
+
+
+def dp_path(base: str, resource: str, device_id: str) -> Path:
+    """Where the device plugin leaves the device-info of one device."""
+    name = f"{resource.replace('/', '-')}-{device_id.replace('/', '-')}-device.json"
+    return Path(base) / "dp" / name
+
+
+def cni_path(base: str, network: str, container_id: str, ifname: str) -> Path:
+    """The per-attachment copy; `network` is the delegate config's `name`."""
+    return Path(base) / "cni" / f"{network}-{container_id}_{ifname}".replace("/", "-")
+
+
+def load(path: str | Path) -> dict[str, Any] | None:
+    """A device-info object, or None if the file does not exist."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CNIError(ErrorCode.IO_FAILURE, f"cannot read device-info {path}", str(exc)) from exc
+    try:
+        info = json.loads(text)
+    except ValueError as exc:
+        raise CNIError(
+            ErrorCode.DECODE_FAILURE, f"device-info {path} is not valid JSON", str(exc)
+        ) from exc
+    if not isinstance(info, dict):
+        raise CNIError(ErrorCode.DECODE_FAILURE, f"device-info {path} is not a JSON object")
+    return info
+
+
+def copy_from_dp(base: str, resource: str, device_id: str, dest: str | Path) -> bool:
+    """Copy the device plugin's file to `dest` (mode 0444); False if the plugin wrote none."""
+    info = load(dp_path(base, resource, device_id))
+    if info is None:
+        return False
+    target = Path(dest)
+    partial = ""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, partial = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        with os.fdopen(fd, "w") as out:
+            json.dump(info, out, separators=(",", ":"))
+        os.chmod(partial, 0o444)
+        os.replace(partial, target)
+    except OSError as exc:
+        if partial:
+            Path(partial).unlink(missing_ok=True)
+        raise CNIError(ErrorCode.IO_FAILURE, f"cannot write device-info {dest}", str(exc)) from exc
+    return True
+
+
+def clean(base: str, path: str | Path) -> None:
+    """Remove a CNI device-info file; only files under `<base>/cni/` are ever removed."""
+    target = Path(os.path.abspath(path))
+    if target.parent != Path(os.path.abspath(base)) / "cni":
+        return
+    try:
+        target.unlink(missing_ok=True)
+    except OSError as exc:
+        raise CNIError(
+            ErrorCode.IO_FAILURE, f"cannot remove device-info {target}", str(exc)
+        ) from exc

@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): run as modules, results go to docs/performance.md."""

@@ -1,0 +1,233 @@
+"""The daemon against a real kube-apiserver: informers, network-status, events, outages."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.apiserver import Cluster, audit_events
+from tests.cluster.forward import LoopbackForward
+from tests.netns.conftest import Node
+from tests.netns.daemon import Daemon
+
+STATUS = "k8s.v1.cni.cncf.io/network-status"
+
+
+class KubeNode:
+    """A node namespace whose daemon watches the test cluster."""
+
+    def __init__(self, node: Node, cluster: Cluster, namespace: str) -> None:
+        self.node = node
+        self.cluster = cluster
+        self.namespace = namespace
+        port = int(cluster.server.rsplit(":", 1)[1])
+        self.forward = LoopbackForward(f"/run/netns/{node.name}", port)
+        self.forward.start()
+        self.daemon = Daemon(node, **self.settings())
+        self.daemon.start()
+
+    def settings(self, **extra: Any) -> dict[str, Any]:
+        return {"clusterDir": "", "kubeconfig": str(self.cluster.kubeconfig), **extra}
+
+    def conf(self, **extra: Any) -> dict[str, Any]:
+        return self.node.meta(**self.settings(**extra))
+
+    def nad(self, name: str, config: dict[str, Any], namespace: str = "") -> None:
+        ns = namespace or self.namespace
+        self.cluster.create(
+            f"/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions",
+            {
+                "apiVersion": "k8s.cni.cncf.io/v1",
+                "kind": "NetworkAttachmentDefinition",
+                "metadata": {"name": name},
+                "spec": {"config": json.dumps(config)},
+            },
+        )
+
+    def pod(self, name: str, networks: str, namespace: str = "") -> str:
+        ns = namespace or self.namespace
+        created = self.cluster.create(
+            f"/api/v1/namespaces/{ns}/pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "annotations": {"k8s.v1.cni.cncf.io/networks": networks},
+                },
+                "spec": {
+                    "nodeName": "test-node",
+                    "containers": [{"name": "app", "image": "pause"}],
+                },
+            },
+        )
+        return str(created["metadata"]["uid"])
+
+    def get_pod(self, name: str, namespace: str = "") -> dict[str, Any]:
+        pod: dict[str, Any] = self.cluster.get(
+            f"/api/v1/namespaces/{namespace or self.namespace}/pods/{name}"
+        )
+        return pod
+
+    def add(self, pod: str, uid: str, namespace: str = "", **conf: Any) -> tuple[str, Any]:
+        netns = self.node.pod_netns()
+        done = self.node.cni(
+            "ADD",
+            netns=netns,
+            cid=f"c-{pod}",
+            pod=pod,
+            uid=uid,
+            namespace=namespace or self.namespace,
+            conf=self.conf(**conf),
+        )
+        return netns, done
+
+    def close(self) -> None:
+        self.forward.stop()
+        self.forward.start()  # DELs in cleanup need no API server, but informers may
+        self.node.close()
+        self.node.added.clear()
+        self.daemon.stop()
+        self.forward.stop()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = Node(tmp_path)
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+@pytest.fixture
+def kube(node: Node, cluster: Cluster, namespace: str) -> Iterator[KubeNode]:
+    k = KubeNode(node, cluster, namespace)
+    try:
+        yield k
+    finally:
+        k.close()
+
+
+def _events(kube: KubeNode, namespace: str = "") -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = kube.cluster.get(
+        f"/api/v1/namespaces/{namespace or kube.namespace}/events"
+    )["items"]
+    return items
+
+
+def test_add_writes_network_status_with_no_get_and_one_status_write(kube: KubeNode) -> None:
+    kube.nad("macvlan-net", kube.node.macvlan_conf())
+    uid = kube.pod("web", "macvlan-net")
+    time.sleep(0.5)  # let the watch deliver the new pod
+    before = len(audit_events(kube.cluster.audit_log, "plexus/"))
+
+    netns, done = kube.add("web", uid)
+
+    assert done.returncode == 0, done.stdout
+    assert kube.node.links(netns) == ["eth0", "lo", "net1"]
+    status = json.loads(kube.get_pod("web")["metadata"]["annotations"][STATUS])
+    assert [(s["name"], s["interface"]) for s in status] == [
+        ("default-net", "eth0"),
+        (f"{kube.namespace}/macvlan-net", "net1"),
+    ]
+    requests = audit_events(kube.cluster.audit_log, "plexus/")[before:]
+    calls = [
+        (e["verb"], e["objectRef"].get("resource"), e["objectRef"].get("subresource"))
+        for e in requests
+    ]
+    assert [c for c in calls if c[0] == "get"] == []
+    assert calls.count(("patch", "pods", "status")) == 1
+    reasons = sorted(e["reason"] for e in _events(kube))
+    assert reasons == ["AddedInterface", "AddedInterface"]
+
+
+def test_nad_created_updated_and_deleted_while_running(kube: KubeNode) -> None:
+    kube.nad("late", kube.node.macvlan_conf("10.61.0.0/16"))
+    uid = kube.pod("p1", "late")
+    time.sleep(0.5)
+    _, first = kube.add("p1", uid)
+    assert first.returncode == 0, first.stdout
+    assert json.loads(kube.get_pod("p1")["metadata"]["annotations"][STATUS])[1]["ips"][
+        0
+    ].startswith("10.61.")
+
+    path = (
+        f"/apis/k8s.cni.cncf.io/v1/namespaces/{kube.namespace}/network-attachment-definitions/late"
+    )
+    kube.cluster.merge_patch(
+        path, {"spec": {"config": json.dumps(kube.node.macvlan_conf("10.62.0.0/16"))}}
+    )
+    uid2 = kube.pod("p2", "late")
+    time.sleep(0.5)
+    _, second = kube.add("p2", uid2)
+    assert second.returncode == 0, second.stdout
+    assert json.loads(kube.get_pod("p2")["metadata"]["annotations"][STATUS])[1]["ips"][
+        0
+    ].startswith("10.62.")
+
+    kube.cluster.request("DELETE", path)
+    uid3 = kube.pod("p3", "late")
+    time.sleep(0.5)
+    netns, third = kube.add("p3", uid3)
+    error = json.loads(third.stdout)
+    assert third.returncode == 1 and f"{kube.namespace}/late" in error["msg"]
+    assert kube.node.links(netns) == ["lo"]
+    assert "NoNetworkFound" in [e["reason"] for e in _events(kube)]
+
+
+def test_nad_in_another_namespace_with_isolation_on_and_off(kube: KubeNode) -> None:
+    other = f"pxt-{uuid.uuid4().hex[:8]}"
+    kube.cluster.create_namespace(other)
+    kube.nad("shared", kube.node.macvlan_conf(), namespace=other)
+    uid = kube.pod("iso", f"{other}/shared")
+    time.sleep(0.5)
+
+    netns, refused = kube.add("iso", uid, namespaceIsolation=True)
+    assert refused.returncode == 1 and "namespaceIsolation" in json.loads(refused.stdout)["msg"]
+    assert kube.node.links(netns) == ["lo"]
+
+    netns, allowed = kube.add("iso", uid, namespaceIsolation=False)
+    assert allowed.returncode == 0, allowed.stdout
+    assert kube.node.links(netns) == ["eth0", "lo", "net1"]
+
+
+def test_api_server_away_during_add_of_a_cached_pod(kube: KubeNode) -> None:
+    kube.nad("macvlan-net", kube.node.macvlan_conf())
+    uid = kube.pod("cached", "macvlan-net")
+    time.sleep(1.0)  # in the informer cache before the outage
+
+    kube.forward.stop()
+    try:
+        netns, done = kube.add("cached", uid)
+        assert done.returncode == 0, done.stdout
+        assert kube.node.links(netns) == ["eth0", "lo", "net1"]
+        deleted = kube.node.cni(
+            "DEL",
+            netns=netns,
+            cid="c-cached",
+            pod="cached",
+            namespace=kube.namespace,
+            conf=kube.conf(),
+        )
+        assert deleted.returncode == 0, deleted.stdout  # DEL never needs the API server
+        assert STATUS not in kube.get_pod("cached")["metadata"].get("annotations", {})
+    finally:
+        kube.forward.start()
+    deadline = time.monotonic() + 40
+    while STATUS not in kube.get_pod("cached")["metadata"].get("annotations", {}):
+        assert time.monotonic() < deadline, "queued network-status never written"
+        time.sleep(0.5)
+
+
+def test_pod_gone_gets_an_empty_result(kube: KubeNode) -> None:
+    netns, done = kube.add("never-created", "some-uid")
+    assert done.returncode == 0, done.stdout
+    assert not json.loads(done.stdout).get("interfaces")
+    assert kube.node.links(netns) == ["lo"]
