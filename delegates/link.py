@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from ipaddress import IPv4Interface, ip_address, ip_interface, ip_network
 from typing import Any
 
-from cni.errors import CNIError, ErrorCode
+from cni.errors import CNIError
 from cni.result import IPAddress, IPInterface, IPNetwork
-from delegates.netns import NetnsGone
+from delegates.netns import open_netns
 
 PLUGIN_ERROR = 999
 """libcni's ErrInternal: the reference plugins wrap every error of their own in it."""
@@ -69,14 +69,7 @@ def netlink() -> Iterator[Any]:
 @contextmanager
 def netns_fd(path: str) -> Iterator[int]:
     """An open descriptor of the namespace at `path` (for IFLA_NET_NS_FD)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise NetnsGone(
-            ErrorCode.UNKNOWN_CONTAINER, f"network namespace {path} does not exist"
-        ) from None
-    except OSError as exc:
-        raise fail(f'failed to open netns "{path}": {describe(exc)}') from None
+    fd = open_netns(path)
     try:
         yield fd
     finally:

@@ -26,9 +26,10 @@ class NetnsGone(CNIError):
     """The namespace path does not exist (anymore)."""
 
 
-def _enter(path: str) -> None:
+def open_netns(path: str) -> int:
+    """An open descriptor of the namespace at `path`; NetnsGone if there is none."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise NetnsGone(
             ErrorCode.UNKNOWN_CONTAINER, f"network namespace {path} does not exist"
@@ -37,6 +38,10 @@ def _enter(path: str) -> None:
         raise CNIError(
             ErrorCode.IO_FAILURE, f"cannot open network namespace {path}", str(exc)
         ) from exc
+
+
+def _enter(path: str) -> None:
+    fd = open_netns(path)
     try:
         if _libc.setns(fd, CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
