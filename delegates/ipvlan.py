@@ -1,10 +1,11 @@
 """The ipvlan CNI plugin (`type: ipvlan`), compatible with the reference plugin 1.1.1.
 
-Config: `master`, `mode` (l2/l3/l3s), `mtu`, `linkInContainer` and `ipam`. Without a
-`master` the reference uses the default route's interface, or, when chained (a
-`prevResult` is present), the single named interface of that result. An ipvlan link
-needs addresses: `ipam` is required unless `prevResult` carries IPs, which are then
-applied to the new link. The lifecycle is delegates.sublink's.
+Config: `master`, `mode` (l2/l3/l3s), `mtu` (not checked against the master's MTU, as in
+1.1.1: the kernel accepts it), `linkInContainer` and `ipam`. Without a `master` the
+reference uses the default route's interface, or, when chained (a `prevResult` is
+present), the single named interface of that result. An ipvlan link needs addresses:
+`ipam` is required unless `prevResult` carries IPs, which are then applied to the new
+link. The lifecycle is delegates.sublink's.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class IPvlanPlugin(SubLinkPlugin):
 
     kind = "ipvlan"
     mode_label = "IPVlan"
+    check_master_mtu = False  # as 1.1.1: the kernel accepts an ipvlan MTU above the master's
 
     def load(self, args: CmdArgs, command: str) -> LinkConf:
         raw = decode_conf(args.stdin)

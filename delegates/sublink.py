@@ -126,6 +126,7 @@ class SubLinkPlugin:
 
     kind = ""
     mode_label = ""  # how CHECK's mode mismatch message names the kind
+    check_master_mtu = True  # macvlan 1.1.1 checks mtu <= master's; ipvlan leaves it to the kernel
 
     def load(self, args: CmdArgs, command: str) -> LinkConf:
         raise NotImplementedError
@@ -154,12 +155,12 @@ class SubLinkPlugin:
         return _with_netlink(fn)
 
     def master(self, ipr: Any, conf: LinkConf) -> Link:
-        """The master link (default: the default route's), after the reference's MTU check."""
+        """The master link (default: the default route's), after macvlan's MTU check."""
         name = conf.master or default_route_link(ipr)
         master = find_link(ipr, name)
         if master is None:
             raise fail(f'failed to lookup master "{name}": Link not found')
-        if conf.mtu < 0 or conf.mtu > master.mtu:
+        if self.check_master_mtu and (conf.mtu < 0 or conf.mtu > master.mtu):
             raise fail(f"invalid MTU {conf.mtu}, must be [0, master MTU({master.mtu})]")
         return master
 
