@@ -207,6 +207,38 @@ def baseline(bench: Bench) -> float:
     return (time.perf_counter() - start) * 1000
 
 
+def shim_round_trip(runs: int) -> dict[str, float]:
+    """VERSION through shim + daemon, and the daemon's idle RSS, against an empty exec."""
+    root = Path(tempfile.mkdtemp(prefix="plexus-bench-"))
+    bench = Bench(root)
+    try:
+        bench.start_daemon(1)
+        assert bench.daemon is not None
+        conf = bench.meta("plexus", 1, socketDir=str(root / "run"))
+        shim, thin = str(bench.bin / "plexus"), str(bench.bin / "plexus-thin")
+        rounds = [
+            (
+                baseline(bench),
+                bench.call("VERSION", shim, conf, "v", ""),
+                bench.call("VERSION", thin, conf, "v", ""),
+            )
+            for _ in range(runs)
+        ]
+        status = Path(f"/proc/{bench.daemon.pid}/status").read_text()
+        rss = next(
+            int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")
+        )
+        base = statistics.median(r[0] for r in rounds)
+        return {
+            "shim+daemon VERSION (ms)": statistics.median(r[1] for r in rounds) - base,
+            "plexus-thin VERSION (ms)": statistics.median(r[2] for r in rounds) - base,
+            "daemon idle RSS (MiB)": rss / 1024,
+        }
+    finally:
+        bench.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def measure(runs: int, extras_list: list[int]) -> list[dict[str, Any]]:
     root = Path(tempfile.mkdtemp(prefix="plexus-bench-"))
     bench = Bench(root)
@@ -253,7 +285,7 @@ def render(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| secondary macvlans | "
         + " | ".join(f"{n} (ms)" for n in names)
-        + " | plexus/multus | plexus - raw bridge+macvlans |",
+        + " | plexus/multus | plexus over raw default |",
         "|---" * (len(names) + 3) + "|",
     ]
     for row in rows:
@@ -277,8 +309,10 @@ def main() -> None:
     print(render(rows))
     print(
         f"\nmedians of {args.runs} runs; `ip netns exec` baseline "
-        f"({rows[0]['baseline_ms']:.1f} ms) subtracted"
+        f"({rows[0]['baseline_ms']:.1f} ms) subtracted\n"
     )
+    for name, value in shim_round_trip(args.runs).items():
+        print(f"- {name}: {value:.1f}")
 
 
 if __name__ == "__main__":
