@@ -201,7 +201,7 @@ def test_nad_in_another_namespace_with_isolation_on_and_off(kube: KubeNode) -> N
 def test_api_server_away_during_add_of_a_cached_pod(kube: KubeNode) -> None:
     kube.nad("macvlan-net", kube.node.macvlan_conf())
     uid = kube.pod("cached", "macvlan-net")
-    time.sleep(1.0)  # in the informer cache before the outage
+    time.sleep(2.0)  # in the informer cache before the outage
 
     kube.forward.stop()
     try:
