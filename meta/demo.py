@@ -157,6 +157,8 @@ def _setup(root: Path) -> None:
     for name, obj in _cluster_objects(root / "ipam-net1").items():
         text = json.dumps(obj, indent=2) if name.endswith(".json") else yaml.safe_dump(obj)
         (cluster / name).write_text(text)
+    for stale in (NODE, *(f"plexus-demo-{pod}" for pod in PODS)):
+        _sh("ip", "netns", "del", stale, check=False)  # left by an interrupted demo
     _sh("ip", "netns", "add", NODE)
     _sh("ip", "link", "set", "lo", "up", netns=NODE)
     _sh("ip", "link", "add", UPLINK, "type", "veth", "peer", "name", f"{UPLINK}-p", netns=NODE)
