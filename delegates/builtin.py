@@ -1,6 +1,6 @@
 """An Executor that runs Plexus's own plugins in-process and execs everything else.
 
-`BuiltinExecutor` hosts the plugin types in HOSTED (macvlan, ipvlan): for those it
+`BuiltinExecutor` hosts the plugin types in HOSTED (macvlan, ipvlan, sriov): for those it
 parses the CNI_* environment and stdin exactly as the plugin binary would and calls
 cni.skel.dispatch in this process, which saves the fork/exec and interpreter start of
 a binary (and pyroute2 is imported once per process, not per call). Types listed in
@@ -24,6 +24,7 @@ log = logging.getLogger("plexus.delegates")
 HOSTED: dict[str, tuple[str, str]] = {
     "macvlan": ("delegates.macvlan", "MacvlanPlugin"),
     "ipvlan": ("delegates.ipvlan", "IPvlanPlugin"),
+    "sriov": ("delegates.sriov", "SriovPlugin"),
 }
 """Plugin type -> (module, class); modules are imported on first use."""
 

@@ -28,6 +28,7 @@ BINARIES = {
     "plexus-thin": "meta.shim.thin",
     "plexus-macvlan": "delegates.macvlan",
     "plexus-ipvlan": "delegates.ipvlan",
+    "plexus-sriov": "delegates.sriov",
 }
 
 _TEMPLATE = """#!{python} -I

@@ -1,0 +1,272 @@
+"""SR-IOV VFs for the sriov plugin: sysfs lookup, PF-side settings, lock and saved state.
+
+`find_vf` reads sysfs (its root is a parameter, so unit tests can point it at a fake
+tree); the netlink helpers take an open pyroute2 `IPRoute` in the namespace they act in.
+VF settings are keyed by the names the plugin reports in errors: mac, vlan (vlan, qos,
+proto), spoofchk, trust, link_state and rate (min, max in Mbps). The per-VF lock file and
+the saved state (one JSON file per attachment) live in the plugin's data dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from delegates.link import describe, errno_of, fail, find_link
+
+log = logging.getLogger("plexus.delegates")
+
+DPDK_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio"})
+ETH_P_8021Q = 0x8100
+ETH_P_8021AD = 0x88A8
+RTEXT_FILTER_VF = 1
+SETTINGS = ("mac", "vlan", "spoofchk", "trust", "link_state", "rate")
+
+
+@dataclass(frozen=True)
+class Vf:
+    """A VF as sysfs shows it from the calling namespace."""
+
+    pci: str
+    pf: str  # the PF's netdev
+    index: int  # N in the PF's virtfnN
+    netdev: str  # "" when the VF has none here (DPDK, or moved to another namespace)
+    driver: str
+
+    @property
+    def dpdk(self) -> bool:
+        return not self.netdev and self.driver in DPDK_DRIVERS
+
+
+def _entries(path: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def netdev_of(pci: str, root: str | Path = "/sys") -> str:
+    """The netdev of PCI device `pci` visible here, or ""."""
+    names = _entries(Path(root) / "bus/pci/devices" / pci / "net")
+    return names[0] if names else ""
+
+
+def find_vf(pci: str, root: str | Path = "/sys", *, require_netdev: bool = True) -> Vf:
+    """The VF at PCI address `pci`; CNIError if it is not a VF, its PF has no netdev, or
+    (with `require_netdev`) it has neither a netdev here nor a DPDK driver."""
+    dev = Path(root) / "bus/pci/devices" / pci
+    if not dev.exists():
+        raise fail(f"deviceID {pci}: no such PCI device in {dev.parent}")
+    physfn = dev / "physfn"
+    if not physfn.exists():
+        raise fail(f"deviceID {pci} is not an SR-IOV VF (it has no physfn)")
+    pfs = _entries(physfn / "net")
+    if not pfs:
+        raise fail(f"deviceID {pci}: its PF {os.path.basename(os.readlink(physfn))} has no netdev")
+    index = -1
+    for name in _entries(physfn):
+        is_link = name.startswith("virtfn") and name[6:].isdigit()
+        if is_link and os.path.basename(os.readlink(physfn / name)) == pci:
+            index = int(name[6:])
+            break
+    if index < 0:
+        raise fail(f"deviceID {pci}: not listed among the virtfnN links of PF {pfs[0]}")
+    driver_link = dev / "driver"
+    driver = os.path.basename(os.readlink(driver_link)) if driver_link.is_symlink() else ""
+    vf = Vf(pci=pci, pf=pfs[0], index=index, netdev=netdev_of(pci, root), driver=driver)
+    if require_netdev and not vf.netdev and not vf.dpdk:
+        raise fail(
+            f"VF {pci} (driver {driver or 'none'}) has no netdev in this namespace "
+            "and is not bound to a DPDK driver: is it in use by another pod?"
+        )
+    return vf
+
+
+def read_settings(ipr: Any, pf_index: int, vf: int) -> dict[str, Any]:
+    """The PF's view of VF `vf` (IFLA_VFINFO_LIST), as JSON-able values."""
+    msg = ipr.link("get", index=pf_index, ext_mask=RTEXT_FILTER_VF)[0]
+    vflist = msg.get_attr("IFLA_VFINFO_LIST")
+    for info in vflist.get_attrs("IFLA_VF_INFO") if vflist is not None else ():
+        mac = info.get_attr("IFLA_VF_MAC")
+        if mac is None or int(mac["vf"]) != vf:
+            continue
+        vlan = info.get_attr("IFLA_VF_VLAN") or {"vlan": 0, "qos": 0}
+        proto = ETH_P_8021Q
+        vlist = info.get_attr("IFLA_VF_VLAN_LIST")
+        if vlist is not None:
+            for ivvi in vlist.get_attrs("IFLA_VF_VLAN_INFO"):
+                proto = int(ivvi["proto"]) or ETH_P_8021Q
+        rate = info.get_attr("IFLA_VF_RATE") or {"min_tx_rate": 0, "max_tx_rate": 0}
+        return {
+            "mac": mac["mac"].lower(),
+            "vlan": [int(vlan["vlan"]), int(vlan["qos"]), proto],
+            "spoofchk": _flag(info, "IFLA_VF_SPOOFCHK", "spoofchk"),
+            "trust": _flag(info, "IFLA_VF_TRUST", "trust"),
+            "link_state": _flag(info, "IFLA_VF_LINK_STATE", "link_state"),
+            "rate": [int(rate["min_tx_rate"]), int(rate["max_tx_rate"])],
+        }
+    raise fail(f"PF (index {pf_index}) reports no VF {vf}")
+
+
+def _flag(info: Any, attr: str, key: str) -> int:
+    value = info.get_attr(attr)
+    return int(value[key]) if value is not None else 0
+
+
+def set_setting(ipr: Any, pf_index: int, vf: int, key: str, value: Any) -> None:
+    """Set one VF setting through the PF; raises the kernel error unchanged."""
+    spec: dict[str, Any] = {"vf": vf}
+    if key == "vlan":
+        vlan, qos, proto = value
+        if proto != ETH_P_8021Q and vlan:
+            spec["vlan"] = [{"vlan": vlan, "qos": qos, "proto": proto}]
+        else:
+            spec["vlan"] = {"vlan": vlan, "qos": qos}
+    elif key == "rate":
+        spec["rate"] = {"min_tx_rate": value[0], "max_tx_rate": value[1]}
+    elif key in SETTINGS:
+        spec[key] = value
+    else:
+        raise ValueError(f"unknown VF setting {key}")
+    ipr.link("set", index=pf_index, vf=spec)
+
+
+def apply_settings(
+    ipr: Any, pf_index: int, vf: int, want: dict[str, Any], saved: dict[str, Any], labels: Any
+) -> None:
+    """Apply `want` in order; on a refusal, put back what was applied and fail naming it.
+
+    `saved` holds the original values, `labels` maps a setting to the config field(s) it
+    came from (the name the error shows).
+    """
+    done: list[str] = []
+    for key, value in want.items():
+        try:
+            set_setting(ipr, pf_index, vf, key, value)
+        except Exception as exc:
+            restore_settings(ipr, pf_index, vf, {k: saved[k] for k in reversed(done)})
+            raise fail(
+                f"failed to set {labels.get(key, key)} of VF {vf}: {describe(exc)} "
+                "(the PF refused it; nothing was changed)"
+            ) from None
+        done.append(key)
+
+
+def restore_settings(ipr: Any, pf_index: int, vf: int, saved: dict[str, Any]) -> list[str]:
+    """Put back each saved setting; best effort, returns the errors."""
+    errors = []
+    for key, value in saved.items():
+        try:
+            set_setting(ipr, pf_index, vf, key, value)
+        except Exception as exc:
+            errors.append(f"{key}: {describe(exc)}")
+    return errors
+
+
+def set_netdev_mac(ipr: Any, index: int, mac: str) -> None:
+    """Give the VF netdev `mac`; call it with the link down (the fallback leaves it down).
+
+    A PF refuses a VF's own MAC change once it set the VF's MAC administratively (igb:
+    EADDRNOTAVAIL); the VF driver takes the administrative MAC when it resets, which an
+    up/down cycle does.
+    """
+    link = find_link(ipr, index=index)
+    if link is None or link.mac == mac:
+        return
+    try:
+        ipr.link("set", index=index, address=mac)
+        return
+    except Exception as exc:
+        if errno_of(exc) != errno.EADDRNOTAVAIL:
+            raise
+        refused = exc
+    ipr.link("set", index=index, state="up")
+    ipr.link("set", index=index, state="down")
+    link = find_link(ipr, index=index)
+    if link is None or link.mac != mac:
+        raise refused
+
+
+def rename(ipr: Any, index: int, name: str) -> None:
+    """Down and rename; udev may have given the link its old name as an altname meanwhile."""
+    ipr.link("set", index=index, state="down")
+    try:
+        ipr.link("set", index=index, ifname=name)
+    except Exception as exc:
+        holder = find_link(ipr, name) if errno_of(exc) == errno.EEXIST else None
+        if holder is None or holder.index != index:
+            raise
+        ipr.link("property_del", index=index, altname=name)
+        ipr.link("set", index=index, ifname=name)
+
+
+# -- the per-VF lock and the saved state -------------------------------------------------
+
+
+class VfLock:
+    """An exclusive flock on <dataDir>/<pci>.lock; the file names the attachment using it."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd, self.path = fd, path
+
+    def owner(self) -> str:
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        return os.read(self.fd, 4096).decode().strip()
+
+    def set_owner(self, key: str) -> None:
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, key.encode(), 0)
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+@contextlib.contextmanager
+def vf_lock(data_dir: str, pci: str) -> Iterator[VfLock]:
+    """Hold the VF's lock; a waiter whose file was removed meanwhile takes a fresh one."""
+    path = Path(data_dir) / f"{pci}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        yield VfLock(fd, path)
+    finally:
+        os.close(fd)
+
+
+def cache_path(data_dir: str, key: str) -> Path:
+    """The saved state of attachment `key` (containerID-ifname)."""
+    return Path(data_dir) / f"{key}.json"
+
+
+def write_cache(path: Path, record: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path)
+
+
+def read_cache(path: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        log.warning("ignoring unreadable sriov state %s", path)
+        return None
+    return record if isinstance(record, dict) else None

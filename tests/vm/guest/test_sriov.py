@@ -1,0 +1,199 @@
+"""The sriov plugin on QEMU's igb: real VFs, configured through the PF, moved into pods.
+
+Runs in the VM tier only (the host kernel has no SR-IOV). Each test enables two VFs on
+the igb PF (the `igb_pf` fixture removes them after) and drives the plugin in process
+through cni.skel.dispatch, the way BuiltinExecutor runs it. PF-side state is read back
+with `ip -d -j link show <pf>`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni.env import CmdArgs
+from cni.errors import CNIError
+from cni.skel import dispatch
+from delegates.sriov import SriovPlugin
+from tests.vm.guest.conftest import Pf, sh
+
+NumVfs = list[tuple[str, str]]  # (PCI address, host netdev) of each VF
+
+
+def _vfs(pf: Pf, count: int = 2) -> NumVfs:
+    """Enable `count` VFs; wait until udev has renamed their netdevs (ethN -> enp..vN)."""
+    (pf.sysfs / "sriov_numvfs").write_text(str(count))
+    pcis = [os.path.basename(os.readlink(pf.sysfs / f"virtfn{n}")) for n in range(count)]
+    deadline = time.monotonic() + 30
+    names = [_host_netdev(pci) for pci in pcis]
+    stable_since = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = [_host_netdev(pci) for pci in pcis]
+        if now != names:
+            names, stable_since = now, time.monotonic()
+        named = all(n and not n.startswith("eth") for n in names)
+        if all(names) and (named or time.monotonic() - stable_since > 3):
+            break
+    return list(zip(pcis, names, strict=True))
+
+
+@pytest.fixture
+def vfs(igb_pf: Pf) -> Iterator[NumVfs]:
+    """Two VFs, with the PF up: igb VFs have no link (and no rate limit) while it is down."""
+    sh("ip", "link", "set", igb_pf.netdev, "up")
+    yield _vfs(igb_pf)
+    sh("ip", "link", "set", igb_pf.netdev, "down")
+
+
+def _vfinfo(pf: Pf, vf: int) -> dict[str, Any]:
+    links = json.loads(sh("ip", "-d", "-j", "link", "show", pf.netdev).stdout)
+    for info in links[0].get("vfinfo_list", []):
+        if info.get("vf") == vf:
+            info.pop("stats", None)
+            return dict(info)
+    raise AssertionError(f"no vf {vf} in {links}")
+
+
+def _host_netdev(pci: str) -> str:
+    net = Path("/sys/bus/pci/devices") / pci / "net"
+    names = os.listdir(net) if net.is_dir() else []
+    return names[0] if names else ""
+
+
+def _mac(dev: str, netns: str = "") -> str:
+    link = json.loads(sh("ip", "-j", "link", "show", dev, netns=netns).stdout)[0]
+    return str(link["address"])
+
+
+def _conf(pci: str, data_dir: Path, **extra: Any) -> dict[str, Any]:
+    base = {"cniVersion": "1.0.0", "name": "sriovnet", "type": "sriov", "deviceID": pci}
+    return {**base, "dataDir": str(data_dir), **extra}
+
+
+def _call(
+    command: str, conf: dict[str, Any], netns: str, ifname: str = "net1", cid: str = "c1"
+) -> bytes:
+    args = CmdArgs(
+        command=command,
+        container_id=cid,
+        netns=f"/run/netns/{netns}" if netns else "",
+        ifname=ifname,
+        args=(),
+        path=("/usr/lib/cni",),
+        stdin=json.dumps(conf).encode(),
+    )
+    return dispatch(SriovPlugin(), args)
+
+
+def _static(address: str) -> dict[str, Any]:
+    return {"type": "static", "addresses": [{"address": address}]}
+
+
+def test_sriov_add_check_del_restores_everything(
+    igb_pf: Pf, vfs: NumVfs, netns: Callable[[], str], tmp_path: Path
+) -> None:
+    pci, netdev = vfs[0]
+    before, host_mac = _vfinfo(igb_pf, 0), _mac(netdev)
+    ns = netns()
+    conf = _conf(
+        pci,
+        tmp_path,
+        vlan=100,
+        vlanQoS=3,
+        mac="02:00:00:00:10:01",
+        spoofchk="off",
+        trust="on",
+        max_tx_rate=100,
+        ipam=_static("10.77.0.1/24"),
+    )
+    result = json.loads(_call("ADD", conf, ns))
+    assert result["interfaces"] == [
+        {"name": "net1", "mac": "02:00:00:00:10:01", "sandbox": f"/run/netns/{ns}"}
+    ]
+    assert result["ips"] == [{"interface": 0, "address": "10.77.0.1/24"}]
+    info = _vfinfo(igb_pf, 0)
+    text = sh("ip", "-d", "link", "show", igb_pf.netdev).stdout
+    assert info["address"] == "02:00:00:00:10:01", text
+    assert info["vlan_list"][0]["vlan"] == 100 and info["vlan_list"][0]["qos"] == 3, text
+    assert info["spoofchk"] is False and info["trust"] is True, text
+    assert info["rate"]["max_tx"] == 100, text
+    assert _host_netdev(pci) == ""
+    assert _mac("net1", ns) == "02:00:00:00:10:01"
+    assert "10.77.0.1/24" in sh("ip", "addr", "show", "net1", netns=ns).stdout
+
+    _call("CHECK", {**conf, "prevResult": result}, ns)
+    sh("ip", "link", "set", igb_pf.netdev, "vf", "0", "vlan", "101", "qos", "3")
+    with pytest.raises(CNIError, match="vlan"):
+        _call("CHECK", {**conf, "prevResult": result}, ns)
+    sh("ip", "link", "set", "net1", "address", "02:00:00:00:10:02", netns=ns, check=False)
+    _call("DEL", {**conf, "prevResult": result}, ns)
+
+    assert _vfinfo(igb_pf, 0) == before
+    assert _host_netdev(pci) == netdev
+    assert _mac(netdev) == host_mac
+    assert sh("ip", "link", "show", "net1", netns=ns, check=False).returncode != 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sriov_two_vfs_in_two_pods_ping(
+    igb_pf: Pf, vfs: NumVfs, netns: Callable[[], str], tmp_path: Path
+) -> None:
+    pods = [netns(), netns()]
+    for n, ((pci, _), ns) in enumerate(zip(vfs, pods, strict=True)):
+        conf = _conf(pci, tmp_path, cniVersion="1.1.0", ipam=_static(f"10.78.0.{n + 1}/24"))
+        result = json.loads(_call("ADD", conf, ns, cid=f"ping{n}"))
+        assert result["interfaces"][0]["pciID"] == pci
+    ping = sh("ping", "-c", "2", "-w", "20", "10.78.0.2", netns=pods[0], check=False)
+    if ping.returncode != 0:
+        state = [sh("ip", "-d", "addr", netns=ns).stdout for ns in pods]
+        pf = sh("ip", "-d", "link", "show", igb_pf.netdev).stdout
+        raise AssertionError(f"ping failed: {ping.stdout}\n{pf}\n" + "\n".join(state))
+    for n, ((pci, netdev), ns) in enumerate(zip(vfs, pods, strict=True)):
+        _call("DEL", _conf(pci, tmp_path, ipam=_static(f"10.78.0.{n + 1}/24")), ns, cid=f"ping{n}")
+        assert _host_netdev(pci) == netdev
+
+
+@pytest.mark.parametrize(
+    ("setting", "extra"),
+    [("min_tx_rate", {"min_tx_rate": 10}), ("link_state", {"link_state": "disable"})],
+)
+def test_sriov_refused_setting_fails_clearly_and_changes_nothing(
+    igb_pf: Pf,
+    vfs: NumVfs,
+    netns: Callable[[], str],
+    tmp_path: Path,
+    setting: str,
+    extra: dict[str, Any],
+) -> None:
+    pci, netdev = vfs[0]
+    before, host_mac = _vfinfo(igb_pf, 0), _mac(netdev)
+    ns = netns()
+    conf = _conf(pci, tmp_path, vlan=200, mac="02:00:00:00:20:01", trust="on", **extra)
+    with pytest.raises(CNIError) as info:
+        _call("ADD", conf, ns)
+    assert setting in info.value.msg, info.value.msg
+    assert _vfinfo(igb_pf, 0) == before
+    assert _host_netdev(pci) == netdev and _mac(netdev) == host_mac
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_sriov_del_after_the_netns_is_gone(
+    igb_pf: Pf, vfs: NumVfs, netns: Callable[[], str], tmp_path: Path
+) -> None:
+    pci, netdev = vfs[1]
+    before = _vfinfo(igb_pf, 1)
+    ns = netns()
+    conf = _conf(pci, tmp_path, vlan=300, mac="02:00:00:00:30:01")
+    _call("ADD", conf, ns, ifname="eth7", cid="gone")
+    sh("ip", "netns", "del", ns)
+    _call("DEL", conf, ns, ifname="eth7", cid="gone")
+    assert _host_netdev(pci) == netdev
+    assert _vfinfo(igb_pf, 1) == before
+    _call("DEL", conf, ns, ifname="eth7", cid="gone")  # again: nothing cached, still fine
