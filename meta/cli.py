@@ -40,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     daemon.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""))
 
     sub.add_parser("demo", help="two pods, two networks, no Kubernetes: see it work")
+
+    dp = sub.add_parser("deviceplugin", help="SR-IOV device plugin tools")
+    dp_sub = dp.add_subparsers(dest="dp_command", required=True)
+    dp_list = dp_sub.add_parser("list", help="print the resource pools the config selects")
+    dp_list.add_argument("--config", required=True, help="the device plugin's config.json")
+    dp_list.add_argument("--sysfs-root", default="/sys")
     return parser
 
 
@@ -64,6 +70,10 @@ def main(argv: list[str] | None = None) -> None:
         from meta.demo import run_demo
 
         sys.exit(run_demo())
+    elif args.command == "deviceplugin":
+        from deviceplugin.cli import list_pools
+
+        sys.exit(list_pools(args.config, args.sysfs_root))
 
 
 def replay(args: argparse.Namespace) -> int:

@@ -1,0 +1,211 @@
+"""Discovery of PCI network devices (PFs and SR-IOV VFs) from sysfs.
+
+Everything is read below a configurable root (default `/sys`) so tests can point it at
+a fake tree. Which interfaces carry a default route is an input, not read here: the
+CLI gets it from `/proc/net/route` and `/proc/net/ipv6_route` (`default_route_ifaces`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_SYSFS = "/sys"
+NETWORK_CLASS = 0x02  # PCI base class "network controller"
+# ARPHRD_* numbers in net/<if>/type mapped to the names used by `linkTypes` selectors.
+LINK_TYPES = {1: "ether", 32: "infiniband", 772: "loopback"}
+# vDPA bus drivers and the `vdpaType` they stand for.
+VDPA_DRIVERS = {"vhost_vdpa": "vhost", "virtio_vdpa": "virtio"}
+_VIRTFN = re.compile(r"^virtfn(\d+)$")
+
+
+@dataclass(frozen=True)
+class PciNetDevice:
+    """One PCI network function as sysfs shows it."""
+
+    address: str
+    vendor: str  # 4 lower-case hex digits, no 0x
+    device: str
+    driver: str  # "" when unbound
+    numa_node: int | None
+    netdevs: tuple[str, ...]
+    link_type: str  # "ether", "infiniband", the raw number if unknown, "" without netdev
+    operstate: str  # of the first netdev, "" without netdev
+    iommu_group: str | None
+    rdma: tuple[str, ...]  # RDMA device names (`infiniband/*`)
+    acpi_index: str | None
+    vdpa_type: str | None  # "vhost" / "virtio" when a vDPA device sits on it
+    pf_address: str | None = None  # set for a VF
+    pf_netdev: str | None = None
+    vf_index: int | None = None
+    sriov_numvfs: int | None = None  # set for an SR-IOV capable PF
+    sriov_totalvfs: int | None = None
+    default_route: bool = False  # one of its netdevs carries a default route
+
+    @property
+    def is_vf(self) -> bool:
+        return self.pf_address is not None
+
+    @property
+    def netdev(self) -> str:
+        """The first netdev name, "" if the device has none (e.g. bound to vfio-pci)."""
+        return self.netdevs[0] if self.netdevs else ""
+
+    @property
+    def has_vfs(self) -> bool:
+        """An SR-IOV PF with VFs enabled (the DP does not offer those)."""
+        return bool(self.sriov_numvfs)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _read_int(path: Path) -> int | None:
+    text = _read(path)
+    if text is None:
+        return None
+    try:  # "0x020000" (class, ids) or decimal ("-1", "7"), leading zeros allowed
+        return int(text, 16) if text.lower().startswith("0x") else int(text, 10)
+    except ValueError:
+        return None
+
+
+def _link_name(path: Path) -> str | None:
+    """The basename of a symlink's target, None if it is not there."""
+    try:
+        return os.path.basename(os.readlink(path))
+    except OSError:
+        return None
+
+
+def _listdir(path: Path) -> tuple[str, ...]:
+    try:
+        return tuple(sorted(os.listdir(path)))
+    except OSError:
+        return ()
+
+
+def _hex_id(path: Path) -> str:
+    text = (_read(path) or "").lower()
+    return text.removeprefix("0x")
+
+
+def is_network_class(dev_dir: Path) -> bool:
+    value = _read_int(dev_dir / "class")
+    return value is not None and value >> 16 == NETWORK_CLASS
+
+
+def _vf_index(pf_dir: Path, vf_address: str) -> int | None:
+    for name in _listdir(pf_dir):
+        match = _VIRTFN.match(name)
+        if match and _link_name(pf_dir / name) == vf_address:
+            return int(match.group(1))
+    return None
+
+
+def _vdpa_type(dev_dir: Path) -> str | None:
+    for name in _listdir(dev_dir):
+        if name.startswith("vdpa"):
+            driver = _link_name(dev_dir / name / "driver")
+            if driver:
+                return VDPA_DRIVERS.get(driver, driver)
+    return None
+
+
+def _link_type(dev_dir: Path, netdev: str) -> str:
+    if not netdev:
+        return ""
+    number = _read_int(dev_dir / "net" / netdev / "type")
+    if number is None:
+        return ""
+    return LINK_TYPES.get(number, str(number))
+
+
+def read_device(dev_dir: Path, default_route_ifaces: Collection[str] = ()) -> PciNetDevice:
+    """Read one PCI function's directory (`<root>/bus/pci/devices/<address>`)."""
+    address = dev_dir.name
+    netdevs = _listdir(dev_dir / "net")
+    first = netdevs[0] if netdevs else ""
+    numa = _read_int(dev_dir / "numa_node")
+    pf_address = pf_netdev = None
+    vf_index = None
+    physfn = dev_dir / "physfn"
+    if physfn.is_symlink():
+        pf_address = _link_name(physfn)
+        pf_nets = _listdir(physfn / "net")
+        pf_netdev = pf_nets[0] if pf_nets else ""
+        vf_index = _vf_index(physfn, address)
+    return PciNetDevice(
+        address=address,
+        vendor=_hex_id(dev_dir / "vendor"),
+        device=_hex_id(dev_dir / "device"),
+        driver=_link_name(dev_dir / "driver") or "",
+        numa_node=None if numa is None or numa < 0 else numa,
+        netdevs=netdevs,
+        link_type=_link_type(dev_dir, first),
+        operstate=(_read(dev_dir / "net" / first / "operstate") or "") if first else "",
+        iommu_group=_link_name(dev_dir / "iommu_group"),
+        rdma=_listdir(dev_dir / "infiniband"),
+        acpi_index=_read(dev_dir / "acpi_index"),
+        vdpa_type=_vdpa_type(dev_dir),
+        pf_address=pf_address,
+        pf_netdev=pf_netdev,
+        vf_index=vf_index,
+        sriov_numvfs=_read_int(dev_dir / "sriov_numvfs"),
+        sriov_totalvfs=_read_int(dev_dir / "sriov_totalvfs"),
+        default_route=any(n in default_route_ifaces for n in netdevs),
+    )
+
+
+def discover(
+    root: str | os.PathLike[str] = DEFAULT_SYSFS, default_route_ifaces: Collection[str] = ()
+) -> list[PciNetDevice]:
+    """All PCI network functions (class 0x02xxxx) under `root`, sorted by address."""
+    devices_dir = Path(root) / "bus" / "pci" / "devices"
+    found = []
+    for name in _listdir(devices_dir):
+        dev_dir = devices_dir / name
+        if is_network_class(dev_dir):
+            found.append(read_device(dev_dir, default_route_ifaces))
+    return found
+
+
+RTF_REJECT = 0x0200
+
+
+def default_route_ifaces(
+    route: str | os.PathLike[str] = "/proc/net/route",
+    ipv6_route: str | os.PathLike[str] = "/proc/net/ipv6_route",
+) -> set[str]:
+    """Interfaces with an IPv4 or IPv6 default route (missing files count as none)."""
+    names: set[str] = set()
+    text4 = _read(Path(route)) or ""
+    for line in text4.splitlines()[1:]:
+        cols = line.split()
+        # Iface Destination Gateway Flags RefCnt Use Metric Mask ...
+        if len(cols) >= 8 and _hex(cols[1]) == 0 and _hex(cols[7]) == 0:
+            names.add(cols[0])
+    text6 = _read(Path(ipv6_route)) or ""
+    for line in text6.splitlines():
+        cols = line.split()
+        # dest plen src splen nexthop metric refcnt use flags iface
+        if len(cols) < 10 or _hex(cols[0]) != 0 or _hex(cols[1]) != 0:
+            continue
+        if (_hex(cols[8]) or 0) & RTF_REJECT or cols[9] == "lo":
+            continue
+        names.add(cols[9])
+    return names
+
+
+def _hex(text: str) -> int | None:
+    try:
+        return int(text, 16)
+    except ValueError:
+        return None
