@@ -14,7 +14,7 @@ import logging
 import socket
 from collections.abc import Sequence
 
-from cni.result import IPAddress, IPConfig, Result, Route
+from cni.result import DNS, Interface, IPAddress, IPConfig, Result, Route
 from delegates.link import (
     Link,
     add_address,
@@ -32,6 +32,15 @@ from delegates.link import (
 
 SETTLE_SECONDS = 10.0
 log = logging.getLogger("plexus.delegates")
+
+
+def attached_result(iface: Interface, dns: DNS, ipc: Result | None) -> Result:
+    """The ADD result for one pod interface: its IPs (pointing at it) and routes from IPAM."""
+    result = Result(interfaces=[iface], dns=dns)
+    if ipc is not None:
+        result.ips = [ip.model_copy(update={"interface": 0}) for ip in ipc.ips]
+        result.routes = list(ipc.routes)
+    return result
 
 
 def set_notify_sysctls(ifname: str, ips: Sequence[IPConfig]) -> None:

@@ -244,11 +244,7 @@ class SriovPlugin:
                 _quietly(lambda: _ipam_del(conf, args))
             path.unlink()
             raise
-        result = Result(interfaces=[iface], dns=conf.dns)
-        if ipc is not None:
-            result.ips = [ip.model_copy(update={"interface": 0}) for ip in ipc.ips]
-            result.routes = list(ipc.routes)
-        return result
+        return ipconfig.attached_result(iface, conf.dns, ipc)
 
     def _ipam(self, conf: SriovConf, args: CmdArgs) -> Result:
         from delegates.ipam import ipam_add

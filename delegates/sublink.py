@@ -199,11 +199,7 @@ class SubLinkPlugin:
             if conf.ipam_type:
                 _release(conf, args)
             raise
-        result = Result(interfaces=[iface], dns=conf.dns)
-        if ipc is not None:
-            result.ips = [ip.model_copy(update={"interface": 0}) for ip in ipc.ips]
-            result.routes = list(ipc.routes)
-        return result
+        return ipconfig.attached_result(iface, conf.dns, ipc)
 
     def _configure(self, args: CmdArgs, tmp: str, ipc: Result | None) -> Interface:
         """Inside the pod: rename + up, sysctls, addresses, routes; delete the link on failure."""
