@@ -43,6 +43,17 @@ def attached_result(iface: Interface, dns: DNS, ipc: Result | None) -> Result:
     return result
 
 
+def configure_pod_iface(ipr: object, link: Link, netns: str, ipc: Result | None) -> Interface:
+    """The pod interface for the result; with IPAM, its sysctls, addresses and routes set."""
+    iface = Interface(name=link.name, mac=link.mac, mtu=link.mtu, sandbox=netns)
+    if ipc is not None:
+        ips = [ip.model_copy(update={"interface": 0}) for ip in ipc.ips]
+        set_notify_sysctls(link.name, ips)
+        full = Result(interfaces=[iface], ips=ips, routes=ipc.routes)
+        configure_iface(ipr, link, full, is_up=True)
+    return iface
+
+
 def set_notify_sysctls(ifname: str, ips: Sequence[IPConfig]) -> None:
     """arp_notify=1 (as the reference), and ndisc_notify=1 when an IPv6 address goes on.
 

@@ -396,13 +396,7 @@ def _configure(tmp: str, conf: SriovConf, args: CmdArgs, ipc: Result | None) -> 
         except Exception as exc:
             raise fail(f"failed to {step} (VF netdev {tmp}): {describe(exc)}") from None
         link = find_link(ipr, index=link.index) or link
-        iface = Interface(name=link.name, mac=link.mac, mtu=link.mtu, sandbox=args.netns)
-        if ipc is not None:
-            ips = [ip.model_copy(update={"interface": 0}) for ip in ipc.ips]
-            ipconfig.set_notify_sysctls(link.name, ips)
-            full = Result(interfaces=[iface], ips=ips, routes=ipc.routes)
-            ipconfig.configure_iface(ipr, link, full, is_up=True)
-    return iface
+        return ipconfig.configure_pod_iface(ipr, link, args.netns, ipc)
 
 
 def _send_home(names: tuple[str, ...], home: int) -> None:

@@ -214,16 +214,10 @@ class SubLinkPlugin:
                     msg = f'failed to rename {self.kind} to "{args.ifname}": {describe(exc)}'
                     raise fail(msg) from None
                 link = replace(link, name=args.ifname)
-                iface = Interface(name=link.name, mac=link.mac, mtu=link.mtu, sandbox=args.netns)
-                if ipc is not None:
-                    ips = [ip.model_copy(update={"interface": 0}) for ip in ipc.ips]
-                    ipconfig.set_notify_sysctls(link.name, ips)
-                    full = Result(interfaces=[iface], ips=ips, routes=ipc.routes)
-                    ipconfig.configure_iface(ipr, link, full, is_up=True)
+                return ipconfig.configure_pod_iface(ipr, link, args.netns, ipc)
             except BaseException:
                 _quietly(lambda: delete_link(ipr, index=link.index))
                 raise
-        return iface
 
     # -- CHECK -----------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.cluster.apiserver import TOOLS, Cluster, missing_binaries
+from tests.netns.conftest import node  # noqa: F401  (the daemon tests' node namespace)
 
 _STARTUP_KEY = pytest.StashKey[float]()
 

@@ -6,7 +6,6 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,15 +94,6 @@ class KubeNode:
         self.node.added.clear()
         self.daemon.stop()
         self.forward.stop()
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    n = Node(tmp_path)
-    try:
-        yield n
-    finally:
-        n.close()
 
 
 @pytest.fixture
