@@ -119,20 +119,28 @@ def _vdpa_type(dev_dir: Path) -> str | None:
     return None
 
 
-def _link_type(dev_dir: Path, netdev: str) -> str:
-    if not netdev:
-        return ""
-    number = _read_int(dev_dir / "net" / netdev / "type")
-    if number is None:
-        return ""
-    return LINK_TYPES.get(number, str(number))
+def _netdev_state(dev_dir: Path) -> tuple[tuple[str, ...], str, str]:
+    """The netdev names, with the first one's link type and operstate.
+
+    udev may rename a fresh VF netdev (eth0 -> enp1s0v0) between the listing and the
+    reads below; the listing is then taken again, a few times at most.
+    """
+    netdevs: tuple[str, ...] = ()
+    for _ in range(3):
+        netdevs = _listdir(dev_dir / "net")
+        if not netdevs:
+            return (), "", ""
+        net = dev_dir / "net" / netdevs[0]
+        number, state = _read_int(net / "type"), _read(net / "operstate")
+        if number is not None and state is not None:
+            return netdevs, LINK_TYPES.get(number, str(number)), state
+    return netdevs, "", ""
 
 
 def read_device(dev_dir: Path, default_route_ifaces: Collection[str] = ()) -> PciNetDevice:
     """Read one PCI function's directory (`<root>/bus/pci/devices/<address>`)."""
     address = dev_dir.name
-    netdevs = _listdir(dev_dir / "net")
-    first = netdevs[0] if netdevs else ""
+    netdevs, link_type, operstate = _netdev_state(dev_dir)
     numa = _read_int(dev_dir / "numa_node")
     pf_address = pf_netdev = None
     vf_index = None
@@ -149,8 +157,8 @@ def read_device(dev_dir: Path, default_route_ifaces: Collection[str] = ()) -> Pc
         driver=_link_name(dev_dir / "driver") or "",
         numa_node=None if numa is None or numa < 0 else numa,
         netdevs=netdevs,
-        link_type=_link_type(dev_dir, first),
-        operstate=(_read(dev_dir / "net" / first / "operstate") or "") if first else "",
+        link_type=link_type,
+        operstate=operstate,
         iommu_group=_link_name(dev_dir / "iommu_group"),
         rdma=_listdir(dev_dir / "infiniband"),
         acpi_index=_read(dev_dir / "acpi_index"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -98,3 +99,34 @@ def igb_pf() -> Iterator[Pf]:
     numvfs.write_text("0")
     yield Pf(IGB_PF, sysfs, netdev)
     numvfs.write_text("0")
+
+
+NumVfs = list[tuple[str, str]]  # (PCI address, host netdev) of each VF
+
+
+def host_netdev(pci: str) -> str:
+    """The netdev name a PCI function has in this namespace, "" if none."""
+    net = Path("/sys/bus/pci/devices") / pci / "net"
+    names = os.listdir(net) if net.is_dir() else []
+    return names[0] if names else ""
+
+
+def enable_vfs(pf: Pf, count: int) -> NumVfs:
+    """Enable `count` VFs; wait until udev has renamed their netdevs (ethN -> enp..vN).
+
+    Names count as settled once none is ethN, or after 3 s without a change (TCG is slow).
+    """
+    (pf.sysfs / "sriov_numvfs").write_text(str(count))
+    pcis = [os.path.basename(os.readlink(pf.sysfs / f"virtfn{n}")) for n in range(count)]
+    deadline = time.monotonic() + 30
+    names = [host_netdev(pci) for pci in pcis]
+    stable_since = time.monotonic()
+    while True:
+        assert time.monotonic() < deadline, f"VF netdevs did not settle: {names}"
+        time.sleep(0.2)
+        now = [host_netdev(pci) for pci in pcis]
+        if now != names:
+            names, stable_since = now, time.monotonic()
+        named = all(n and not n.startswith("eth") for n in names)
+        if all(names) and (named or time.monotonic() - stable_since > 3):
+            return list(zip(pcis, names, strict=True))

@@ -9,24 +9,13 @@ import time
 from pathlib import Path
 
 from deviceplugin.sysfs import default_route_ifaces, discover
-from tests.vm.guest.conftest import REPO, Pf, sh
+from tests.vm.guest.conftest import REPO, Pf, enable_vfs, sh
 
 VF_DEVICE = "10ca"
 
 
-def enable_vfs(pf: Pf, count: int) -> list[str]:
-    """Create `count` VFs and wait (TCG is slow) until igbvf gave each a netdev."""
-    (pf.sysfs / "sriov_numvfs").write_text(str(count))
-    vfs = [(pf.sysfs / f"virtfn{i}").resolve() for i in range(count)]
-    deadline = time.monotonic() + 30
-    while not all((vf / "net").is_dir() and any((vf / "net").iterdir()) for vf in vfs):
-        assert time.monotonic() < deadline, "timed out waiting for the VF netdevs"
-        time.sleep(0.2)
-    return [vf.name for vf in vfs]
-
-
 def test_discovery_sees_pf_and_vfs(igb_pf: Pf) -> None:
-    vf_addrs = enable_vfs(igb_pf, 2)
+    vf_addrs = [pci for pci, _ in enable_vfs(igb_pf, 2)]
     devices = {d.address: d for d in discover("/sys", default_route_ifaces())}
 
     pf = devices[igb_pf.pci]
@@ -61,7 +50,7 @@ def list_pools(config: Path) -> dict[str, list[dict[str, object]]]:
 
 
 def test_cli_lists_both_vfs(igb_pf: Pf, tmp_path: Path) -> None:
-    vf_addrs = enable_vfs(igb_pf, 2)
+    vf_addrs = [pci for pci, _ in enable_vfs(igb_pf, 2)]
     config = tmp_path / "config.json"
     config.write_text(
         json.dumps(

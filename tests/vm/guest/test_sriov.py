@@ -9,8 +9,6 @@ with `ip -d -j link show <pf>`.
 from __future__ import annotations
 
 import json
-import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,34 +19,14 @@ from cni.env import CmdArgs
 from cni.errors import CNIError
 from cni.skel import dispatch
 from delegates.sriov import SriovPlugin
-from tests.vm.guest.conftest import Pf, sh
-
-NumVfs = list[tuple[str, str]]  # (PCI address, host netdev) of each VF
-
-
-def _vfs(pf: Pf, count: int = 2) -> NumVfs:
-    """Enable `count` VFs; wait until udev has renamed their netdevs (ethN -> enp..vN)."""
-    (pf.sysfs / "sriov_numvfs").write_text(str(count))
-    pcis = [os.path.basename(os.readlink(pf.sysfs / f"virtfn{n}")) for n in range(count)]
-    deadline = time.monotonic() + 30
-    names = [_host_netdev(pci) for pci in pcis]
-    stable_since = time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.2)
-        now = [_host_netdev(pci) for pci in pcis]
-        if now != names:
-            names, stable_since = now, time.monotonic()
-        named = all(n and not n.startswith("eth") for n in names)
-        if all(names) and (named or time.monotonic() - stable_since > 3):
-            break
-    return list(zip(pcis, names, strict=True))
+from tests.vm.guest.conftest import NumVfs, Pf, enable_vfs, host_netdev, sh
 
 
 @pytest.fixture
 def vfs(igb_pf: Pf) -> Iterator[NumVfs]:
     """Two VFs, with the PF up: igb VFs have no link (and no rate limit) while it is down."""
     sh("ip", "link", "set", igb_pf.netdev, "up")
-    yield _vfs(igb_pf)
+    yield enable_vfs(igb_pf, 2)
     sh("ip", "link", "set", igb_pf.netdev, "down")
 
 
@@ -59,12 +37,6 @@ def _vfinfo(pf: Pf, vf: int) -> dict[str, Any]:
             info.pop("stats", None)
             return dict(info)
     raise AssertionError(f"no vf {vf} in {links}")
-
-
-def _host_netdev(pci: str) -> str:
-    net = Path("/sys/bus/pci/devices") / pci / "net"
-    names = os.listdir(net) if net.is_dir() else []
-    return names[0] if names else ""
 
 
 def _mac(dev: str, netns: str = "") -> str:
@@ -124,7 +96,7 @@ def test_sriov_add_check_del_restores_everything(
     assert info["vlan_list"][0]["vlan"] == 100 and info["vlan_list"][0]["qos"] == 3, text
     assert info["spoofchk"] is False and info["trust"] is True, text
     assert info["rate"]["max_tx"] == 100, text
-    assert _host_netdev(pci) == ""
+    assert host_netdev(pci) == ""
     assert _mac("net1", ns) == "02:00:00:00:10:01"
     assert "10.77.0.1/24" in sh("ip", "addr", "show", "net1", netns=ns).stdout
 
@@ -136,7 +108,7 @@ def test_sriov_add_check_del_restores_everything(
     _call("DEL", {**conf, "prevResult": result}, ns)
 
     assert _vfinfo(igb_pf, 0) == before
-    assert _host_netdev(pci) == netdev
+    assert host_netdev(pci) == netdev
     assert _mac(netdev) == host_mac
     assert sh("ip", "link", "show", "net1", netns=ns, check=False).returncode != 0
     assert list(tmp_path.iterdir()) == []
@@ -157,7 +129,7 @@ def test_sriov_two_vfs_in_two_pods_ping(
         raise AssertionError(f"ping failed: {ping.stdout}\n{pf}\n" + "\n".join(state))
     for n, ((pci, netdev), ns) in enumerate(zip(vfs, pods, strict=True)):
         _call("DEL", _conf(pci, tmp_path, ipam=_static(f"10.78.0.{n + 1}/24")), ns, cid=f"ping{n}")
-        assert _host_netdev(pci) == netdev
+        assert host_netdev(pci) == netdev
 
 
 @pytest.mark.parametrize(
@@ -180,7 +152,7 @@ def test_sriov_refused_setting_fails_clearly_and_changes_nothing(
         _call("ADD", conf, ns)
     assert setting in info.value.msg, info.value.msg
     assert _vfinfo(igb_pf, 0) == before
-    assert _host_netdev(pci) == netdev and _mac(netdev) == host_mac
+    assert host_netdev(pci) == netdev and _mac(netdev) == host_mac
     assert not list(tmp_path.glob("*.json"))
 
 
@@ -194,6 +166,6 @@ def test_sriov_del_after_the_netns_is_gone(
     _call("ADD", conf, ns, ifname="eth7", cid="gone")
     sh("ip", "netns", "del", ns)
     _call("DEL", conf, ns, ifname="eth7", cid="gone")
-    assert _host_netdev(pci) == netdev
+    assert host_netdev(pci) == netdev
     assert _vfinfo(igb_pf, 1) == before
     _call("DEL", conf, ns, ifname="eth7", cid="gone")  # again: nothing cached, still fine
