@@ -1,12 +1,18 @@
-"""`plexus deviceplugin ...`: inspect what the device plugin would offer."""
+"""`plexus deviceplugin ...`: serve the kubelet, or print what would be offered."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
+import signal
 import sys
+from pathlib import Path
 
 from deviceplugin.config import ConfigError, load_config
+from deviceplugin.plugin import DevicePluginRunner, PluginOptions
 from deviceplugin.selectors import pools_report
+from deviceplugin.server import HostPaths
 from deviceplugin.sysfs import DEFAULT_SYSFS, default_route_ifaces, discover
 
 
@@ -19,4 +25,29 @@ def list_pools(config_file: str, sysfs_root: str = DEFAULT_SYSFS) -> int:
         return 2
     devices = discover(sysfs_root, default_route_ifaces())
     print(json.dumps(pools_report(config, devices), indent=2))
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the device plugin until SIGTERM/SIGINT; config errors exit 2."""
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"plexus deviceplugin: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format='{"time":"%(asctime)s","level":"%(levelname)s","msg":%(message)r}',
+    )
+    options = PluginOptions(
+        paths=HostPaths(args.sysfs_root, "/dev", args.devinfo_dir),
+        plugins_dir=Path(args.plugins_dir),
+        registry_dir=Path(args.registry_dir),
+        mode=args.registration,
+    )
+    runner = DevicePluginRunner(config, options)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: runner.stop())
+    runner.run()
     return 0

@@ -77,11 +77,14 @@ def build_pools(
 
 
 def healthy(dev: PciNetDevice, by_address: Mapping[str, PciNetDevice]) -> bool:
-    """Operstate-based health: a VF follows its PF's link, anything else its own.
+    """Healthy: a driver holds it and its link is not down (a VF follows its PF's link).
 
-    A device without a netdev (e.g. bound to vfio-pci) has no operstate and counts as
-    healthy; so does "unknown", which many drivers report for a working link.
+    A device without a netdev (bound to vfio-pci, or a VF whose netdev is in a pod's
+    namespace) has no operstate and counts as healthy; so does "unknown", which many
+    drivers report for a working link. A device with no driver bound is unhealthy.
     """
+    if not dev.driver:
+        return False
     pf = by_address.get(dev.pf_address) if dev.pf_address else None
     state = pf.operstate if pf is not None else dev.operstate
     return state not in UNHEALTHY_OPERSTATES

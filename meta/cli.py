@@ -1,4 +1,5 @@
-"""The `plexus` command line: install-cni, daemon, cni (replay a call by hand), demo."""
+"""The `plexus` command line: install-cni, daemon, cni (replay a call by hand), demo,
+deviceplugin."""
 
 from __future__ import annotations
 
@@ -41,11 +42,26 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("demo", help="two pods, two networks, no Kubernetes: see it work")
 
-    dp = sub.add_parser("deviceplugin", help="SR-IOV device plugin tools")
-    dp_sub = dp.add_subparsers(dest="dp_command", required=True)
+    dp = sub.add_parser(
+        "deviceplugin",
+        help="the SR-IOV device plugin: serve the kubelet, or `list` the pools",
+        description="Without a subcommand: serve the kubelet device plugin API.",
+    )
+    dp.add_argument("--config", "--config-file", dest="config", help="the config.json")
+    dp.add_argument("--sysfs-root", default="/sys")
+    dp.add_argument("--plugins-dir", default="/var/lib/kubelet/device-plugins")
+    dp.add_argument("--registry-dir", default="/var/lib/kubelet/plugins_registry")
+    dp.add_argument(
+        "--registration",
+        choices=("kubelet", "watcher"),
+        default="kubelet",
+        help="Register on kubelet.sock (default) or via the kubelet's plugin watcher",
+    )
+    dp.add_argument("--devinfo-dir", default="/var/run/k8s.cni.cncf.io/devinfo")
+    dp_sub = dp.add_subparsers(dest="dp_command")
     dp_list = dp_sub.add_parser("list", help="print the resource pools the config selects")
-    dp_list.add_argument("--config", required=True, help="the device plugin's config.json")
-    dp_list.add_argument("--sysfs-root", default="/sys")
+    dp_list.add_argument("--config", "--config-file", dest="config", default=argparse.SUPPRESS)
+    dp_list.add_argument("--sysfs-root", default=argparse.SUPPRESS)
     return parser
 
 
@@ -71,9 +87,13 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(run_demo())
     elif args.command == "deviceplugin":
-        from deviceplugin.cli import list_pools
+        if not args.config:
+            sys.exit("plexus deviceplugin: --config is required")
+        from deviceplugin import cli as dp_cli
 
-        sys.exit(list_pools(args.config, args.sysfs_root))
+        if args.dp_command == "list":
+            sys.exit(dp_cli.list_pools(args.config, args.sysfs_root))
+        sys.exit(dp_cli.serve(args))
 
 
 def replay(args: argparse.Namespace) -> int:

@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from cni import deviceinfo
 from cni.errors import CNIError, ErrorCode
 from cni.models import validation_details
-from meta import deviceinfo
 from meta.podresources import checkpoint, client
 
 DEFAULT_CNI_DIR = "/var/lib/cni/plexus"

@@ -11,20 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from cni.deviceinfo import dp_path, write
 from cni.errors import CNIError, ErrorCode
 
-DEFAULT_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
 CAPABILITY = "CNIDeviceInfoFile"
-
-
-def dp_path(base: str, resource: str, device_id: str) -> Path:
-    """Where the device plugin leaves the device-info of one device."""
-    name = f"{resource.replace('/', '-')}-{device_id.replace('/', '-')}-device.json"
-    return Path(base) / "dp" / name
 
 
 def cni_path(base: str, network: str, container_id: str, ifname: str) -> Path:
@@ -56,18 +49,9 @@ def copy_from_dp(base: str, resource: str, device_id: str, dest: str | Path) -> 
     info = load(dp_path(base, resource, device_id))
     if info is None:
         return False
-    target = Path(dest)
-    partial = ""
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, partial = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        with os.fdopen(fd, "w") as out:
-            json.dump(info, out, separators=(",", ":"))
-        os.chmod(partial, 0o444)
-        os.replace(partial, target)
+        write(dest, info)
     except OSError as exc:
-        if partial:
-            Path(partial).unlink(missing_ok=True)
         raise CNIError(ErrorCode.IO_FAILURE, f"cannot write device-info {dest}", str(exc)) from exc
     return True
 

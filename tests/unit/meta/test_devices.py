@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from cni.deviceinfo import dp_path
 from cni.errors import CNIError, ErrorCode
 from meta import deviceinfo
 from meta.attachments import Resolver
@@ -161,7 +162,7 @@ def test_without_a_device_source_nothing_is_looked_up(store: EmbeddedStore) -> N
 
 
 def test_device_info_paths_follow_multus() -> None:
-    assert deviceinfo.dp_path("/b", SRIOV, "0000:3b:02.1") == Path(
+    assert dp_path("/b", SRIOV, "0000:3b:02.1") == Path(
         "/b/dp/intel.com-sriov_a-0000:3b:02.1-device.json"
     )
     assert deviceinfo.cni_path("/b", "ns/net", "cid", "net1") == Path("/b/cni/ns-net-cid_net1")
@@ -174,7 +175,7 @@ def test_device_info_copy_load_and_clean(tmp_path: Path) -> None:
     assert deviceinfo.copy_from_dp(base, SRIOV, "0000:3b:02.1", dest) is False
     assert not dest.exists()
 
-    dp = deviceinfo.dp_path(base, SRIOV, "0000:3b:02.1")
+    dp = dp_path(base, SRIOV, "0000:3b:02.1")
     dp.parent.mkdir(parents=True)
     dp.write_text(json.dumps(info))
     assert deviceinfo.copy_from_dp(base, SRIOV, "0000:3b:02.1", dest) is True

@@ -1,0 +1,144 @@
+"""The device plugin process: discover, serve one gRPC server per resource, register,
+then follow the kernel's events and the kubelet's restarts until stopped.
+
+Registration is either `kubelet` (legacy: sockets in the device-plugins dir and
+`Register` on kubelet.sock; when the kubelet restarts it wipes that dir, so a vanished
+socket or a new kubelet.sock means serve again and re-register) or `watcher` (sockets
+in the plugins_registry dir, found by the kubelet's plugin watcher).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from deviceplugin.config import DevicePluginConfig
+from deviceplugin.monitor import ChangeMonitor
+from deviceplugin.registration import RegistrationError, register
+from deviceplugin.selectors import build_pools, healthy
+from deviceplugin.server import HostPaths, ResourceServer
+from deviceplugin.sysfs import default_route_ifaces, discover
+
+DEVICE_PLUGINS_DIR = "/var/lib/kubelet/device-plugins"
+PLUGINS_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+SETTLE_SECONDS = 0.05  # events come in bursts (a VF brings pci + net + link events)
+CHECK_SECONDS = 1.0  # kubelet restart checks, and the longest a wake-up waits
+
+log = logging.getLogger("plexus.deviceplugin")
+
+Mode = Literal["kubelet", "watcher"]
+
+
+@dataclass(frozen=True)
+class PluginOptions:
+    paths: HostPaths = field(default_factory=HostPaths)
+    plugins_dir: Path = Path(DEVICE_PLUGINS_DIR)
+    registry_dir: Path = Path(PLUGINS_REGISTRY_DIR)
+    mode: Mode = "kubelet"
+    resync_seconds: float = 30.0  # a full rescan even without events
+
+
+def socket_name(resource: str) -> str:
+    """`intel.com/igb_vf` -> `plexus-intel.com_igb_vf.sock`."""
+    return "plexus-" + resource.replace("/", "_") + ".sock"
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+class DevicePluginRunner:
+    """Owns the resource servers; `run` serves until `stop` is called."""
+
+    def __init__(self, config: DevicePluginConfig, options: PluginOptions) -> None:
+        self.config = config
+        self.options = options
+        sock_dir = options.plugins_dir if options.mode == "kubelet" else options.registry_dir
+        self.servers = [
+            ResourceServer(res, sock_dir / socket_name(res.full_name), options.paths)
+            for res in config.resource_list
+        ]
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._kubelet_inode: int | None = None
+        self._unregistered = {s.name for s in self.servers}
+
+    def scan(self) -> None:
+        """Re-read sysfs and push every resource's pool and health to its server."""
+        devices = discover(self.options.paths.sysfs_root, default_route_ifaces())
+        by_address = {d.address: d for d in devices}
+        pools = build_pools(self.config, devices)
+        for server in self.servers:
+            pool = {d.address: d for d in pools[server.name]}
+            server.update(pool, {a: healthy(d, by_address) for a, d in pool.items()})
+
+    def wake(self) -> None:
+        """Rescan soon (the monitor calls this on kernel events)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Make `run` return (safe from signal handlers and other threads)."""
+        self._stop.set()
+        self._wake.set()
+
+    def run(self) -> None:
+        """Serve, register and follow changes until `stop`; then stop the servers."""
+        started = time.monotonic()
+        self.scan()
+        log.info("discovery took %.1f ms", (time.monotonic() - started) * 1000)
+        watcher = self.options.mode == "watcher"
+        for server in self.servers:
+            server.start(serve_registration=watcher)
+        monitor = ChangeMonitor(self.wake)
+        monitor.start()
+        last_scan = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                if not watcher:
+                    self._keep_registered()
+                if self._wake.wait(CHECK_SECONDS):
+                    if self._stop.wait(SETTLE_SECONDS):
+                        break
+                    self._wake.clear()
+                elif time.monotonic() - last_scan < self.options.resync_seconds:
+                    continue
+                self.scan()
+                last_scan = time.monotonic()
+        finally:
+            monitor.stop()
+            for server in self.servers:
+                server.stop()
+
+    def _keep_registered(self) -> None:
+        """Legacy mode: re-serve and re-register after a kubelet restart."""
+        kubelet = self.options.plugins_dir / "kubelet.sock"
+        inode = _inode(kubelet)
+        if inode is None:
+            return  # no kubelet (yet); try again on the next check
+        if inode != self._kubelet_inode:
+            self._kubelet_inode = inode
+            self._unregistered = {s.name for s in self.servers}
+        for server in self.servers:
+            if not server.socket_path.exists():
+                log.warning(
+                    "resource %s: socket gone (kubelet restart?): serving again", server.name
+                )
+                server.stop()
+                server.start()
+                self._unregistered.add(server.name)
+            if server.name in self._unregistered:
+                try:
+                    register(self.options.plugins_dir, server.socket_path.name, server.name)
+                except RegistrationError as exc:
+                    log.error("%s", exc)
+                    continue
+                log.info("resource %s: registered with the kubelet", server.name)
+                self._unregistered.discard(server.name)
