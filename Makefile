@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python3
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: setup demo test test-quick test-netns test-vm test-cluster bench lint
+.PHONY: setup demo test test-quick test-netns test-runtime test-vm test-cluster bench lint
 
 setup:
 	@scripts/setup.sh
@@ -19,6 +19,9 @@ test-quick: setup
 
 test-netns: setup
 	$(PYTEST) -q -p no:cacheprovider tests/netns
+
+test-runtime: setup
+	$(PYTEST) -q -p no:cacheprovider tests/runtime
 
 test-vm: setup
 	$(PYTEST) -q -p no:cacheprovider tests/vm

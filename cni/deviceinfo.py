@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +24,23 @@ def dp_path(base: str, resource: str, device_id: str) -> Path:
 
 
 def write(path: str | Path, info: dict[str, Any]) -> None:
-    """Write `info` as JSON, atomically, mode 0444; raises OSError."""
+    """Write `info` as JSON, atomically, mode 0444 (a file already holding exactly that
+    is left alone); raises OSError."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+    data = json.dumps(info, separators=(",", ":")).encode()
     try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(info, out, separators=(",", ":"))
-        os.chmod(partial, 0o444)
+        if target.read_bytes() == data:
+            return
+    except FileNotFoundError:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}")
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o444)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
         os.replace(partial, target)
     except OSError:
-        Path(partial).unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
         raise

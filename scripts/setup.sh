@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(containernetworking-plugins iproute2 iputils-ping gcc libc6-dev openssl)
+APT_PACKAGES=(containernetworking-plugins iproute2 iputils-ping gcc libc6-dev openssl containerd runc)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

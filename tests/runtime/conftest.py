@@ -1,0 +1,229 @@
+"""Fixtures for the runtime tier: a real containerd calling Plexus through CRI, as a kubelet would.
+
+One containerd for the whole tier (tests/runtime/containerd.py), run in a throwaway "node"
+namespace (tests/netns/conftest.py's Node: the bridge, the macvlan master `uplink0` and
+the embedded cluster store live there). Its CNI `conf_dir` holds one conflist whose only
+plugin is Plexus (`{"type": "plexus", ...}` with `clusterDir`), so pods and NADs come from
+YAML files and no Kubernetes is needed; `bin_dir` holds the reference plugins from
+/usr/lib/cni plus Plexus's installed shim and Python binaries. The sandbox image is
+built locally (tests/runtime/image.py). Tests ask for `daemon` to have the shim forward
+to `plexus daemon`; without it the shim falls back to `plexus-thin`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from tests.netns.conftest import Node
+from tests.netns.daemon import Daemon
+from tests.runtime import containerd as ctrd
+from tests.runtime.image import build_pause_image, compiler
+
+NETNS_DIR = Path("/run/netns")
+LIBCNI_CACHE = Path("/var/lib/cni")  # containerd's libcni keeps its result cache here
+# Directories containerd or libcni create outside our temp dir; removed if they were
+# absent before the session and are empty after it.
+_HOST_DIRS = (Path("/run/containerd"), LIBCNI_CACHE)
+
+
+@dataclass
+class Runtime:
+    """The tier's node, its containerd, and the name of the CNI network containerd uses."""
+
+    node: Node
+    containerd: ctrd.Containerd
+    network: str
+
+    def netns_names(self) -> set[str]:
+        return {p.name for p in NETNS_DIR.glob("cni-*")} if NETNS_DIR.is_dir() else set()
+
+    def libcni_results(self) -> set[str]:
+        results = LIBCNI_CACHE / "results"
+        return {p.name for p in results.glob(f"{self.network}-*")} if results.is_dir() else set()
+
+    def records(self) -> set[str]:
+        path = self.node.cni_dir / "records"
+        return {p.name for p in path.iterdir()} if path.is_dir() else set()
+
+    def plexus_results(self) -> set[str]:
+        path = self.node.cni_dir / "results"
+        return {p.name for p in path.iterdir()} if path.is_dir() else set()
+
+    def node_links(self) -> list[str]:
+        return self.node.links(f"/run/netns/{self.node.name}")
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything a sandbox leaves behind while it lives: compare before and after."""
+        return {
+            "node links": self.node_links(),
+            "host-local IPs": self.node.reserved_ips(),
+            "plexus records": sorted(self.records()),
+            "plexus results": sorted(self.plexus_results()),
+            "sandbox netns": sorted(self.netns_names()),
+            "libcni results": sorted(self.libcni_results()),
+            "sandboxes": sorted(self.containerd.sandboxes()),
+        }
+
+
+def _remove_empty_tree(path: Path) -> None:
+    if not path.is_dir():
+        return
+    for sub in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        with contextlib.suppress(OSError):
+            sub.rmdir()
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
+@pytest.fixture(scope="package")
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
+    """A running containerd with Plexus as its only CNI network; everything undone after."""
+    missing = ctrd.missing()
+    if missing:
+        pytest.skip(
+            f"containerd and runc are not installed ({', '.join(missing)} absent): run make setup"
+        )
+    assert compiler() is not None, "no C compiler for the pause image (run make setup)"
+    root = tmp_path_factory.mktemp("runtime")
+    absent = [path for path in _HOST_DIRS if not path.exists()]
+    (root / "node").mkdir()
+    node = Node(root / "node")
+    network = f"plexus-rt-{node.tag}"
+    conf_dir = root / "net.d"
+    conf_dir.mkdir()
+    (conf_dir / "10-plexus.conflist").write_text(
+        json.dumps({"cniVersion": "1.0.0", "name": network, "plugins": [node.meta()]})
+    )
+    (root / "containerd").mkdir()
+    cd = ctrd.Containerd(
+        root / "containerd", node.name, node.bin, conf_dir, cgroup_parent=f"/{network}"
+    )
+    rt = Runtime(node=node, containerd=cd, network=network)
+    netns_before = rt.netns_names()
+    try:
+        cd.start()
+        cd.import_image(build_pause_image(root))
+        yield rt
+    finally:
+        try:
+            if cd.proc is not None:
+                cd.teardown_all()
+        finally:
+            cd.stop()
+            # What containerd may have left: sandbox netns, libcni results, mounts, cgroups.
+            for name in rt.netns_names() - netns_before:
+                subprocess.run(["umount", str(NETNS_DIR / name)], capture_output=True, check=False)
+                with contextlib.suppress(OSError):
+                    (NETNS_DIR / name).unlink()
+            for name in rt.libcni_results():
+                with contextlib.suppress(OSError):
+                    (LIBCNI_CACHE / "results" / name).unlink()
+            ctrd.unmount_under(root)
+            ctrd.remove_cgroups(f"/{network}")
+            for path in absent:
+                _remove_empty_tree(path)
+            node.close()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon(runtime: Runtime) -> Iterator[Daemon]:
+    """`plexus daemon` in the node namespace, so the shim forwards every call to it."""
+    d = Daemon(runtime.node)
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+@dataclass
+class Pods:
+    """Pods of one test: their manifests in the store and their sandboxes, undone after."""
+
+    rt: Runtime
+    sandboxes: dict[str, str] = field(default_factory=dict)  # pod name -> sandbox ID
+
+    def create(self, name: str, networks: str | None = None) -> None:
+        self.rt.node.pod(name, networks)
+
+    def run(self, name: str) -> str:
+        sandbox_id = self.rt.containerd.run_pod(name).pod_sandbox_id
+        self.sandboxes[name] = sandbox_id
+        return sandbox_id
+
+    def stop_and_remove(self, name: str) -> None:
+        sandbox_id = self.sandboxes.pop(name)
+        self.rt.containerd.stop_pod(sandbox_id)
+        self.rt.containerd.remove_pod(sandbox_id)
+
+    def close(self) -> None:
+        for sandbox_id in self.sandboxes.values():
+            for step in (self.rt.containerd.stop_pod, self.rt.containerd.remove_pod):
+                with contextlib.suppress(grpc.RpcError):
+                    step(sandbox_id)
+        self.sandboxes.clear()
+
+
+@pytest.fixture
+def pods(request: pytest.FixtureRequest, runtime: Runtime) -> Iterator[Pods]:
+    p = Pods(runtime)
+    try:
+        yield p
+    finally:
+        p.close()
+        report = request.node.stash.get(_CALL_REPORT, None)
+        if report is not None and report.failed:  # shown under "Captured stdout teardown"
+            print(f"--- containerd log (tail)\n{runtime.containerd.log_tail()}")
+            print(f"--- plexus log (tail)\n{_tail(runtime.node.root / 'plexus.log')}")
+
+
+_CALL_REPORT = pytest.StashKey[pytest.TestReport]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report: pytest.TestReport = yield
+    if report.when == "call":
+        item.stash[_CALL_REPORT] = report
+    return report
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def in_netns(path: str, *cmd: str) -> str:
+    """Run `cmd` in the network namespace at `path` (a sandbox's netns is not in /run/netns
+    under a name we chose, so nsenter rather than `ip netns exec`)."""
+    done = subprocess.run(
+        ["nsenter", f"--net={path}", *cmd], capture_output=True, text=True, check=True
+    )
+    return done.stdout
+
+
+def addresses(netns_path: str) -> dict[str, dict[str, Any]]:
+    """Links of a netns: name -> {"mac": ..., "ips": [global addresses]}."""
+    links = json.loads(in_netns(netns_path, "ip", "-j", "addr", "show"))
+    return {
+        link["ifname"]: {
+            "mac": link.get("address", ""),
+            "ips": [a["local"] for a in link["addr_info"] if a.get("scope") == "global"],
+        }
+        for link in links
+    }
