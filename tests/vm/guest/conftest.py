@@ -130,3 +130,13 @@ def enable_vfs(pf: Pf, count: int) -> NumVfs:
         named = all(n and not n.startswith("eth") for n in names)
         if all(names) and (named or time.monotonic() - stable_since > 3):
             return list(zip(pcis, names, strict=True))
+
+
+def pf_up(pf: Pf) -> None:
+    """Set the PF up and wait for its (emulated, slightly late) link: VF health follows it."""
+    sh("ip", "link", "set", pf.netdev, "up")
+    operstate = pf.sysfs / "net" / pf.netdev / "operstate"
+    deadline = time.monotonic() + 30
+    while operstate.read_text().strip() != "up":
+        assert time.monotonic() < deadline, "timed out waiting for the PF link"
+        time.sleep(0.1)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from deviceplugin.sysfs import default_route_ifaces, discover
-from tests.vm.guest.conftest import REPO, Pf, enable_vfs, sh
+from tests.vm.guest.conftest import REPO, Pf, enable_vfs, pf_up, sh
 
 VF_DEVICE = "10ca"
 
@@ -66,7 +65,6 @@ def test_cli_lists_both_vfs(igb_pf: Pf, tmp_path: Path) -> None:
         )
     )
     netdir = igb_pf.sysfs / "net" / igb_pf.netdev
-    operstate = netdir / "operstate"
     was_up = int((netdir / "flags").read_text(), 16) & 0x1  # IFF_UP
     try:
         # VF health follows the PF's link: down first ...
@@ -80,11 +78,7 @@ def test_cli_lists_both_vfs(igb_pf: Pf, tmp_path: Path) -> None:
             assert entry["driver"] == "igbvf"
             assert entry["healthy"] is False
         # ... then up (the emulated link comes up a little later).
-        sh("ip", "link", "set", igb_pf.netdev, "up")
-        deadline = time.monotonic() + 30
-        while operstate.read_text().strip() in ("down", "lowerlayerdown"):
-            assert time.monotonic() < deadline, "timed out waiting for the PF link"
-            time.sleep(0.2)
+        pf_up(igb_pf)
         assert [e["healthy"] for e in list_pools(config)["intel.com/igb_vf"]] == [True, True]
     finally:  # leave the PF's admin state as we found it
         sh("ip", "link", "set", igb_pf.netdev, "up" if was_up else "down", check=False)

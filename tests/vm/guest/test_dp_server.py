@@ -18,7 +18,7 @@ import pytest
 from deviceplugin.kubelet import deviceplugin_pb2 as pb
 from deviceplugin.plugin import socket_name
 from tests.kubelet import Devices, next_until, plugin_stub, serve_registration
-from tests.vm.guest.conftest import REPO, NumVfs, Pf, enable_vfs, sh
+from tests.vm.guest.conftest import REPO, NumVfs, Pf, enable_vfs, pf_up, sh
 
 RESOURCE = "intel.com/igb_vf"
 VF_DEVICE = "10ca"
@@ -28,7 +28,7 @@ VF_DEVICE = "10ca"
 def served(igb_pf: Pf, tmp_path: Path) -> Iterator[tuple[NumVfs, Path, Path]]:
     """Two VFs with the PF up, and the device plugin serving them; yields
     (VFs, the plugin socket, the device-info dir)."""
-    sh("ip", "link", "set", igb_pf.netdev, "up")
+    pf_up(igb_pf)
     vfs = enable_vfs(igb_pf, 2)
     config = tmp_path / "config.json"
     config.write_text(

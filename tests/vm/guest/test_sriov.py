@@ -9,6 +9,8 @@ with `ip -d -j link show <pf>`.
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,14 +21,20 @@ from cni.env import CmdArgs
 from cni.errors import CNIError
 from cni.skel import dispatch
 from delegates.sriov import SriovPlugin
-from tests.vm.guest.conftest import NumVfs, Pf, enable_vfs, host_netdev, sh
+from deviceplugin.allocate import container_response
+from deviceplugin.config import ResourceConfig
+from deviceplugin.selectors import healthy
+from deviceplugin.sysfs import discover
+from tests.vm.guest.conftest import NumVfs, Pf, enable_vfs, host_netdev, pf_up, sh
 
 
 @pytest.fixture
 def vfs(igb_pf: Pf) -> Iterator[NumVfs]:
     """Two VFs, with the PF up: igb VFs have no link (and no rate limit) while it is down."""
-    sh("ip", "link", "set", igb_pf.netdev, "up")
-    yield enable_vfs(igb_pf, 2)
+    pf_up(igb_pf)
+    vfs = enable_vfs(igb_pf, 2)
+    pf_up(igb_pf)  # igb resets the link when VFs are enabled
+    yield vfs
     sh("ip", "link", "set", igb_pf.netdev, "down")
 
 
@@ -169,3 +177,68 @@ def test_sriov_del_after_the_netns_is_gone(
     assert host_netdev(pci) == netdev
     assert _vfinfo(igb_pf, 1) == before
     _call("DEL", conf, ns, ifname="eth7", cid="gone")  # again: nothing cached, still fine
+
+
+@pytest.fixture
+def dpdk_vf(vfs: NumVfs) -> Iterator[str]:
+    """VF 1 bound to uio_pci_generic, a DPDK driver (vfio-pci needs an IOMMU or no-IOMMU
+    mode, and neither QEMU's machine nor Debian's kernel config gives one); bound back to
+    igbvf afterwards."""
+    pci = vfs[1][0]
+    sh("modprobe", "uio_pci_generic")
+    dev = Path("/sys/bus/pci/devices") / pci
+    (dev / "driver_override").write_text("uio_pci_generic")
+    (dev / "driver" / "unbind").write_text(pci)
+    Path("/sys/bus/pci/drivers_probe").write_text(pci)
+    assert os.path.basename(os.readlink(dev / "driver")) == "uio_pci_generic"
+    yield pci
+    (dev / "driver" / "unbind").write_text(pci)
+    (dev / "driver_override").write_text("\n")
+    Path("/sys/bus/pci/drivers_probe").write_text(pci)
+
+
+def test_sriov_dpdk_vf_stays_put_and_reports_its_pci_address(
+    igb_pf: Pf, dpdk_vf: str, netns: Callable[[], str], tmp_path: Path
+) -> None:
+    before = _vfinfo(igb_pf, 1)
+    ns = netns()
+    conf = _conf(dpdk_vf, tmp_path, cniVersion="1.1.0", vlan=200, spoofchk="off")  # pciID: 1.1.0
+    result = json.loads(_call("ADD", conf, ns))
+    assert result["interfaces"] == [
+        {"name": "net1", "sandbox": f"/run/netns/{ns}", "pciID": dpdk_vf}
+    ]
+    info = _vfinfo(igb_pf, 1)
+    assert info["vlan_list"][0]["vlan"] == 200 and info["spoofchk"] is False
+    assert [
+        link["ifname"] for link in json.loads(sh("ip", "-j", "link", "show", netns=ns).stdout)
+    ] == ["lo"]
+    _call("CHECK", {**conf, "prevResult": result}, ns)
+    _call("DEL", {**conf, "prevResult": result}, ns)
+    assert _vfinfo(igb_pf, 1) == before
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_device_plugin_allocates_a_dpdk_vf_with_its_device_node(
+    igb_pf: Pf, dpdk_vf: str, tmp_path: Path
+) -> None:
+    resource = ResourceConfig.model_validate(
+        {"resourceName": "igb_dpdk", "selectors": {"drivers": ["uio_pci_generic"]}}
+    )
+    deadline = time.monotonic() + 30
+    while True:  # the emulated PF link may still be settling after the rebind
+        devices = discover("/sys")
+        by_address = {d.address: d for d in devices}
+        pool = {d.address: d for d in devices if d.driver == "uio_pci_generic"}
+        assert list(pool) == [dpdk_vf]
+        if healthy(pool[dpdk_vf], by_address):
+            break
+        assert time.monotonic() < deadline, f"not healthy: {by_address[igb_pf.pci]}"
+        time.sleep(0.2)
+    resp = container_response(
+        resource, [dpdk_vf], pool, sysfs_root="/sys", devinfo_dir=str(tmp_path)
+    )
+    (uio,) = os.listdir(f"/sys/bus/pci/devices/{dpdk_vf}/uio")
+    assert [(d.host_path, d.permissions) for d in resp.devices] == [(f"/dev/{uio}", "mrw")]
+    assert os.path.exists(f"/dev/{uio}")
+    info = json.loads(resp.envs["PCIDEVICE_INTEL_COM_IGB_DPDK_INFO"])
+    assert info[dpdk_vf]["uio"] == {"dev-mount": f"/dev/{uio}"}
