@@ -12,7 +12,7 @@ from pathlib import Path
 from deviceplugin.config import ConfigError, load_config
 from deviceplugin.plugin import DevicePluginRunner, PluginOptions
 from deviceplugin.selectors import pools_report
-from deviceplugin.server import HostPaths
+from deviceplugin.server import HostPaths, ServeError
 from deviceplugin.sysfs import DEFAULT_SYSFS, default_route_ifaces, discover
 
 
@@ -49,5 +49,9 @@ def serve(args: argparse.Namespace) -> int:
     runner = DevicePluginRunner(config, options)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: runner.stop())
-    runner.run()
+    try:
+        runner.run()
+    except ServeError as exc:
+        print(f"plexus deviceplugin: {exc}", file=sys.stderr)
+        return 1
     return 0

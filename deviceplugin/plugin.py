@@ -95,12 +95,13 @@ class DevicePluginRunner:
         self.scan()
         log.info("discovery took %.1f ms", (time.monotonic() - started) * 1000)
         watcher = self.options.mode == "watcher"
-        for server in self.servers:
-            server.start(serve_registration=watcher)
-        monitor = ChangeMonitor(self.wake)
-        monitor.start()
-        last_scan = time.monotonic()
+        monitor: ChangeMonitor | None = None
         try:
+            for server in self.servers:
+                server.start(serve_registration=watcher)
+            monitor = ChangeMonitor(self.wake)
+            monitor.start()
+            last_scan = time.monotonic()
             while not self._stop.is_set():
                 if not watcher:
                     self._keep_registered()
@@ -113,7 +114,8 @@ class DevicePluginRunner:
                 self.scan()
                 last_scan = time.monotonic()
         finally:
-            monitor.stop()
+            if monitor is not None:
+                monitor.stop()
             for server in self.servers:
                 server.stop()
 

@@ -30,7 +30,13 @@ API_VERSION = "v1beta1"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 WAKE_SECONDS = 1.0  # how often an idle ListAndWatch stream checks it is still wanted
 
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, NUL included
+
 log = logging.getLogger("plexus.deviceplugin")
+
+
+class ServeError(RuntimeError):
+    """A resource server cannot listen on its socket; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -90,16 +96,27 @@ class ResourceServer(pb_grpc.DevicePluginServicer, reg_grpc.RegistrationServicer
     # -- the gRPC server --------------------------------------------------------------
 
     def start(self, serve_registration: bool = False) -> None:
-        """Listen on `socket_path` (replacing a stale file)."""
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        self.socket_path.unlink(missing_ok=True)
+        """Listen on `socket_path` (replacing a stale file); raises ServeError."""
+        path = self.socket_path
+        if len(str(path).encode()) > MAX_SOCKET_PATH:
+            raise ServeError(
+                f"resource {self.name}: socket path {path} is over {MAX_SOCKET_PATH} bytes"
+            )
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise ServeError(f"resource {self.name}: cannot use {path}: {exc.strerror}") from None
         with self._cond:
             self._stopping = False
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="dp"))
         pb_grpc.add_DevicePluginServicer_to_server(self, server)  # type: ignore[no-untyped-call]
         if serve_registration:
             reg_grpc.add_RegistrationServicer_to_server(self, server)  # type: ignore[no-untyped-call]
-        server.add_insecure_port(f"unix://{self.socket_path}")
+        try:
+            server.add_insecure_port(f"unix://{path}")
+        except RuntimeError:
+            raise ServeError(f"resource {self.name}: cannot listen on {path}") from None
         server.start()
         self._server = server
         log.info("resource %s: serving on %s", self.name, self.socket_path)

@@ -20,7 +20,7 @@ from deviceplugin.kubelet import deviceplugin_pb2 as pb
 from deviceplugin.kubelet import pluginregistration_pb2 as reg_pb
 from deviceplugin.kubelet import pluginregistration_pb2_grpc as reg_grpc
 from deviceplugin.plugin import DevicePluginRunner, PluginOptions, socket_name
-from deviceplugin.server import HostPaths
+from deviceplugin.server import HostPaths, ServeError
 from tests.kubelet import devices, next_until, plugin_stub, serve_registration
 from tests.unit.deviceplugin.fake_sysfs import FakeSysfs
 
@@ -219,3 +219,11 @@ def test_watcher_mode_serves_registration_on_the_plugin_socket(
         with plugin_stub(socket) as stub:
             assert set(devices(next(stub.ListAndWatch(pb.Empty(), timeout=10)))) == set(VF0)
     assert os.listdir(plugins) == [] and os.listdir(registry) == []  # sockets removed
+
+
+def test_a_socket_path_too_long_is_a_clear_error(host: FakeSysfs, tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 100)
+    options = PluginOptions(paths=HostPaths(str(host.root)), plugins_dir=deep)
+    runner = DevicePluginRunner(parse_config(json.dumps(CONFIG)), options)
+    with pytest.raises(ServeError, match=r"intel.com/vf_a: socket path .* is over 107 bytes"):
+        runner.run()
