@@ -1,5 +1,5 @@
-"""The `plexus` command line: install-cni, daemon, cni (replay a call by hand), demo,
-deviceplugin."""
+"""The `plexus` command line: install-cni, daemon, cni (replay a call by hand), inspect,
+demo, deviceplugin."""
 
 from __future__ import annotations
 
@@ -41,6 +41,14 @@ def _parser() -> argparse.ArgumentParser:
     daemon.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""))
 
     sub.add_parser("demo", help="two pods, two networks, no Kubernetes: see it work")
+
+    inspect = sub.add_parser(
+        "inspect", help="this node's attachments against the kernel; exit 1 on problems"
+    )
+    inspect.add_argument(
+        "--config", required=True, help="the plexus config (daemon config or 00-plexus.conflist)"
+    )
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
 
     dp = sub.add_parser(
         "deviceplugin",
@@ -86,6 +94,8 @@ def main(argv: list[str] | None = None) -> None:
         from meta.demo import run_demo
 
         sys.exit(run_demo())
+    elif args.command == "inspect":
+        sys.exit(inspect_node(args.config, args.json))
     elif args.command == "deviceplugin":
         if not args.config:
             sys.exit("plexus deviceplugin: --config is required")
@@ -94,6 +104,25 @@ def main(argv: list[str] | None = None) -> None:
         if args.dp_command == "list":
             sys.exit(dp_cli.list_pools(args.config, args.sysfs_root))
         sys.exit(dp_cli.serve(args))
+
+
+def inspect_node(config_file: str, as_json: bool) -> int:
+    """Print the node report; 0 when healthy, 1 with problems, 2 on a bad config."""
+    from cni.errors import CNIError
+    from meta import inspection
+    from meta.config import load_meta_config
+
+    try:
+        raw = json.loads(Path(config_file).read_bytes())
+        if isinstance(raw, dict) and isinstance(raw.get("plugins"), list) and raw["plugins"]:
+            raw = raw["plugins"][0]  # 00-plexus.conflist: the plexus plugin is the only one
+        conf = load_meta_config(json.dumps(raw).encode())
+    except (OSError, ValueError, CNIError) as exc:
+        print(f"plexus inspect: {config_file}: {exc}", file=sys.stderr)
+        return 2
+    report = inspection.inspect_node(conf)
+    print(inspection.to_json(report) if as_json else inspection.render(report))
+    return 0 if report.healthy else 1
 
 
 def replay(args: argparse.Namespace) -> int:
