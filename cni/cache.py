@@ -6,13 +6,13 @@ import base64
 import binascii
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError
 
 from cni.errors import CNIError, ErrorCode
+from cni.fileio import write_atomic
 from cni.models import WireModel, validation_details
 
 CACHE_KIND: Final = "cniCacheV1"
@@ -95,16 +95,9 @@ class ResultCache:
         try:
             self.cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             self.results_dir.mkdir(mode=0o700, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.results_dir, prefix=".tmp-")
-            try:
-                # Atomic but not fsync'd, as libcni: a lost entry after a crash is
-                # covered by DEL's fallbacks, and ADD is on the pod start-up path.
-                with os.fdopen(fd, "wb") as f:
-                    f.write(entry.to_json())
-                os.replace(tmp, target)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            # Atomic but not fsync'd, as libcni: a lost entry after a crash is covered by
+            # DEL's fallbacks, and ADD is on the pod start-up path.
+            write_atomic(target, entry.to_json())
         except OSError as err:
             raise CNIError(
                 ErrorCode.IO_FAILURE, f"cannot write CNI cache file {target}", str(err)

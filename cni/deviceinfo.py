@@ -8,10 +8,10 @@ use the paths and the atomic, read-only write defined here.
 from __future__ import annotations
 
 import json
-import os
-import threading
 from pathlib import Path
 from typing import Any
+
+from cni.fileio import write_atomic
 
 DEFAULT_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
 SPEC_VERSION = "1.1.0"
@@ -33,14 +33,4 @@ def write(path: str | Path, info: dict[str, Any]) -> None:
             return
     except FileNotFoundError:
         target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}")
-    try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o444)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(partial, target)
-    except OSError:
-        partial.unlink(missing_ok=True)
-        raise
+    write_atomic(target, data, 0o444)

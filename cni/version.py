@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,8 +25,11 @@ DEFAULT_VERSION = "0.1.0"
 _PART = re.compile(r"[0-9]+", re.ASCII)
 
 
+@functools.lru_cache(maxsize=64)
 def parse_version(v: str) -> tuple[int, int, int]:
-    """Parse "X[.Y[.Z]]" ("" is 0.1.0, as libcni); CNIError(DECODE_FAILURE) on junk."""
+    """Parse "X[.Y[.Z]]" ("" is 0.1.0, as libcni); CNIError(DECODE_FAILURE) on junk.
+
+    Cached: a handful of distinct strings are parsed many times per call."""
     if v == "":
         return (0, 1, 0)
     parts = v.split(".")

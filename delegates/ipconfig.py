@@ -4,7 +4,7 @@
 bring the link up, enable IPv6 where an IPv6 address goes, add every address whose
 `interface` index names this link, wait for IPv6 DAD when there is an IPv6 gateway, then
 add each route, defaulting its gateway to the first gateway of its family. All functions
-run on a thread inside the pod namespace with an IPRoute opened there.
+run on a thread inside the pod namespace with an Rtnl (delegates.rtnl) opened there.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from delegates.link import (
     settle_addresses,
     write_sysctl,
 )
+from delegates.rtnl import Rtnl
 
 SETTLE_SECONDS = 10.0
 log = logging.getLogger("plexus.delegates")
@@ -43,14 +44,14 @@ def attached_result(iface: Interface, dns: DNS, ipc: Result | None) -> Result:
     return result
 
 
-def configure_pod_iface(ipr: object, link: Link, netns: str, ipc: Result | None) -> Interface:
+def configure_pod_iface(nl: Rtnl, link: Link, netns: str, ipc: Result | None) -> Interface:
     """The pod interface for the result; with IPAM, its sysctls, addresses and routes set."""
     iface = Interface(name=link.name, mac=link.mac, mtu=link.mtu, sandbox=netns)
     if ipc is not None:
         ips = [ip.model_copy(update={"interface": 0}) for ip in ipc.ips]
         set_notify_sysctls(link.name, ips)
         full = Result(interfaces=[iface], ips=ips, routes=ipc.routes)
-        configure_iface(ipr, link, full, is_up=True)
+        configure_iface(nl, link, full, is_up=True)
     return iface
 
 
@@ -108,14 +109,14 @@ def _own_ips(result: Result, ifname: str) -> list[IPConfig]:
     return own
 
 
-def configure_iface(ipr: object, link: Link, result: Result, *, is_up: bool = False) -> None:
+def configure_iface(nl: Rtnl, link: Link, result: Result, *, is_up: bool = False) -> None:
     """Put `result`'s addresses and routes on `link` (already named as in the result)."""
     ifname = link.name
     if not result.interfaces:
         raise fail("no interfaces to configure")
     if not is_up:
         try:
-            set_link(ipr, link.index, up=True)
+            set_link(nl, link.index, up=True)
         except Exception as exc:
             raise fail(f'failed to set "{ifname}" UP: {describe(exc)}') from None
     own = _own_ips(result, ifname)
@@ -123,7 +124,7 @@ def configure_iface(ipr: object, link: Link, result: Result, *, is_up: bool = Fa
         _enable_ipv6(ifname)
     for ipc in own:
         try:
-            add_address(ipr, link.index, ipc.address)
+            add_address(nl, link.index, ipc.address)
         except Exception as exc:
             raise fail(
                 f'failed to add IP addr {ipc.address} to "{ifname}": {describe(exc)}'
@@ -132,14 +133,14 @@ def configure_iface(ipr: object, link: Link, result: Result, *, is_up: bool = Fa
     if 6 in gws:
         # Like the reference, wait (best effort) for IPv6 DAD to finish; without a carrier
         # DAD cannot progress, so do not wait for nothing.
-        current = find_link(ipr, index=link.index)
+        current = find_link(nl, index=link.index)
         if current is not None and current.carrier:
-            settle_addresses(ipr, link.index, SETTLE_SECONDS)
+            settle_addresses(nl, link.index, SETTLE_SECONDS)
     for route in result.routes:
         gw = route.gw if route.gw is not None else gws.get(route.dst.version)
         try:
             add_route(
-                ipr,
+                nl,
                 link.index,
                 route.dst,
                 gw,
@@ -155,12 +156,12 @@ def configure_iface(ipr: object, link: Link, result: Result, *, is_up: bool = Fa
             ) from None
 
 
-def verify_ips(ipr: object, link: Link, ips: Sequence[IPConfig]) -> None:
+def verify_ips(nl: Rtnl, link: Link, ips: Sequence[IPConfig]) -> None:
     """CHECK: every address is on the link and its subnet route is in the main table."""
-    present = {addr for addr, _ in addresses(ipr, link.index)}
+    present = {addr for addr, _ in addresses(nl, link.index)}
     subnets = {
-        4: {r.dst for r in routes(ipr, socket.AF_INET)},
-        6: {r.dst for r in routes(ipr, socket.AF_INET6)},
+        4: {r.dst for r in routes(nl, socket.AF_INET)},
+        6: {r.dst for r in routes(nl, socket.AF_INET6)},
     }
     for ipc in ips:
         if ipc.address not in present:
@@ -169,7 +170,7 @@ def verify_ips(ipr: object, link: Link, ips: Sequence[IPConfig]) -> None:
             raise fail(f"Failed to find Gateway {ipc.gateway} for interface {link.name}")
 
 
-def verify_routes(ipr: object, result: Result, ifname: str) -> None:
+def verify_routes(nl: Rtnl, result: Result, ifname: str) -> None:
     """CHECK: every route of the result is in its table.
 
     A default route matches on destination alone (as the reference). Other routes must
@@ -181,7 +182,7 @@ def verify_routes(ipr: object, result: Result, ifname: str) -> None:
         family = socket.AF_INET if route.dst.version == 4 else socket.AF_INET6
         key = (family, route.table or 254)
         if key not in tables:
-            tables[key] = [(r.dst, r.gw) for r in routes(ipr, *key)]
+            tables[key] = [(r.dst, r.gw) for r in routes(nl, *key)]
         if not _route_present(route, gws, tables[key]):
             gw = route.gw if route.gw is not None else gws.get(route.dst.version)
             raise fail(f"Expected Route {route.dst} via {gw} not found in routing table")

@@ -11,7 +11,6 @@ link. The lifecycle is delegates.sublink's.
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from cni import skel
 from cni.env import CmdArgs
@@ -28,6 +27,7 @@ class IPvlanPlugin(SubLinkPlugin):
 
     kind = "ipvlan"
     mode_label = "IPVlan"
+    modes = MODES
     check_master_mtu = False  # as 1.1.1: the kernel accepts an ipvlan MTU above the master's
 
     def load(self, args: CmdArgs, command: str) -> LinkConf:
@@ -54,12 +54,6 @@ class IPvlanPlugin(SubLinkPlugin):
         if not conf.ipam_type and conf.prev is not None and conf.prev.ips:
             return conf.prev
         return super().ip_config(conf, args)
-
-    def mode_name(self, kernel_mode: Any) -> str:
-        for name, value in MODES.items():
-            if value == kernel_mode:
-                return name
-        return str(kernel_mode)
 
 
 def main() -> None:

@@ -1,10 +1,11 @@
 """Netlink helpers for the delegate plugins: one small function per kernel operation.
 
-Each helper takes an open pyroute2 `IPRoute` bound to the namespace it should act in
-(open it with `netlink()` on a thread that is already in that namespace, e.g. inside
-`delegates.netns.run_in_netns`). pyroute2 is imported lazily, so importing this module
-costs nothing until a socket is opened. Kernel errors become CNIError(PLUGIN_ERROR), the
-code the reference plugins report for their own failures.
+Each helper takes an open `Rtnl` (delegates.rtnl) bound to the namespace it should act
+in: open it with `netlink()` on a thread that is already in that namespace, e.g. inside
+`delegates.netns.run_in_netns`. The messages are the ones pyroute2 sent before (same
+flags and attributes), built here with struct. Kernel errors surface as OSError; the
+helpers that wrap them raise CNIError(PLUGIN_ERROR), the code the reference plugins
+report for their own failures.
 """
 
 from __future__ import annotations
@@ -13,25 +14,58 @@ import errno
 import os
 import secrets
 import socket
+import struct
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from ipaddress import IPv4Interface, ip_address, ip_interface, ip_network
-from typing import Any
 
 from cni.errors import CNIError
 from cni.result import IPAddress, IPInterface, IPNetwork
 from delegates.netns import open_netns
+from delegates.rtnl import (
+    NLM_F_APPEND,
+    NLM_F_CREATE,
+    NLM_F_EXCL,
+    Rtnl,
+    attr,
+    attr_str,
+    attr_u16,
+    attr_u32,
+    get_str,
+    get_u32,
+    parse_attrs,
+)
 
 PLUGIN_ERROR = 999
 """libcni's ErrInternal: the reference plugins wrap every error of their own in it."""
 
+IFF_UP = 0x1
 IFF_LOWER_UP = 0x10000
 IFA_F_DADFAILED = 0x08
 IFA_F_TENTATIVE = 0x40
 RT_TABLE_MAIN = 254
 RTPROT_BOOT = 3  # what vishvananda/netlink (and so the reference plugins) stamps on routes
+RTN_UNICAST = 1
+
+# rtnetlink message types, headers and attributes (linux/rtnetlink.h, if_link.h, if_addr.h)
+RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
+RTM_NEWADDR, RTM_GETADDR = 20, 22
+RTM_NEWROUTE, RTM_GETROUTE = 24, 26
+IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
+IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefixlen, flags, scope, index
+RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg: family, dst_len, src_len, tos, table, proto,
+#                                      scope, type, flags
+NEXTHOP = struct.Struct("=HBBi")  # rtnexthop: len, flags, hops, ifindex
+IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINK, IFLA_LINKINFO, IFLA_NET_NS_FD = 1, 3, 4, 5, 18, 28
+IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
+IFLA_MACVLAN_MODE = IFLA_IPVLAN_MODE = 1  # u32 for macvlan, u16 for ipvlan
+IFA_ADDRESS, IFA_LOCAL, IFA_BROADCAST, IFA_FLAGS = 1, 2, 4, 8
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_METRICS, RTA_MULTIPATH, RTA_TABLE = (
+    1, 4, 5, 6, 8, 9, 15,
+)  # fmt: skip
+RTAX_MTU, RTAX_ADVMSS = 2, 8
 
 
 def fail(msg: str, details: str = "") -> CNIError:
@@ -55,15 +89,10 @@ def describe(exc: BaseException) -> str:
 
 
 @contextmanager
-def netlink() -> Iterator[Any]:
+def netlink() -> Iterator[Rtnl]:
     """An rtnetlink socket in the calling thread's network namespace."""
-    from pyroute2 import IPRoute
-
-    ipr = IPRoute(groups=0)  # no multicast: we only want replies to our requests
-    try:
-        yield ipr
-    finally:
-        ipr.close()
+    with Rtnl() as nl:
+        yield nl
 
 
 @contextmanager
@@ -91,136 +120,145 @@ class Link:
     mtu: int
     mac: str
     flags: int
-    mode: str | int | None  # IFLA_MACVLAN_MODE name / IFLA_IPVLAN_MODE number
+    mode: int | None  # IFLA_MACVLAN_MODE / IFLA_IPVLAN_MODE of a macvlan / ipvlan
 
     @property
     def carrier(self) -> bool:
         return bool(self.flags & IFF_LOWER_UP)
 
 
-def _link(msg: Any) -> Link:
-    info = msg.get_attr("IFLA_LINKINFO")
-    kind, data = "", None
-    if info is not None:
-        kind = info.get_attr("IFLA_INFO_KIND") or ""
-        data = info.get_attr("IFLA_INFO_DATA")
+def _ifinfo(index: int = 0, flags: int = 0, change: int = 0) -> bytes:
+    return IFINFO.pack(socket.AF_UNSPEC, 0, index, flags, change)
+
+
+def parse_link(msg: bytes) -> Link:
+    """An RTM_NEWLINK message (netlink header included) as a Link."""
+    _, _, index, flags, _ = IFINFO.unpack_from(msg, 16)
+    attrs = parse_attrs(msg, 16 + IFINFO.size)
+    info = parse_attrs(attrs.get(IFLA_LINKINFO, b""))
+    kind = get_str(info, IFLA_INFO_KIND)
     mode = None
-    if data is not None and not isinstance(data, (str, bytes)):
-        mode = data.get_attr("IFLA_MACVLAN_MODE")
-        if mode is None:
-            mode = data.get_attr("IFLA_IPVLAN_MODE")
+    if kind in ("macvlan", "ipvlan"):
+        data = parse_attrs(info.get(IFLA_INFO_DATA, b"")).get(IFLA_MACVLAN_MODE, b"")
+        fmt = "=I" if kind == "macvlan" else "=H"
+        if len(data) >= struct.calcsize(fmt):
+            mode = int(struct.unpack_from(fmt, data)[0])
     return Link(
-        index=int(msg["index"]),
-        name=msg.get_attr("IFLA_IFNAME") or "",
+        index=index,
+        name=get_str(attrs, IFLA_IFNAME),
         kind=kind,
-        mtu=int(msg.get_attr("IFLA_MTU") or 0),
-        mac=(msg.get_attr("IFLA_ADDRESS") or "").lower(),
-        flags=int(msg["flags"]),
+        mtu=get_u32(attrs, IFLA_MTU) or 0,
+        mac=":".join(f"{b:02x}" for b in attrs.get(IFLA_ADDRESS, b"")),
+        flags=flags,
         mode=mode,
     )
 
 
-def find_link(ipr: Any, name: str = "", index: int = 0) -> Link | None:
+def find_link(nl: Rtnl, name: str = "", index: int = 0) -> Link | None:
     """The link called `name` (or with `index`), or None if there is none."""
+    body = _ifinfo(index) if index else _ifinfo() + attr_str(IFLA_IFNAME, name)
     try:
-        msgs = ipr.link("get", index=index) if index else ipr.link("get", ifname=name)
-    except Exception as exc:
+        msgs = nl.request(RTM_GETLINK, body)
+    except OSError as exc:
         # EINVAL: a name the kernel cannot hold (too long), so no such link either.
-        if errno_of(exc) == errno.ENODEV or (not index and errno_of(exc) == errno.EINVAL):
+        if exc.errno == errno.ENODEV or (not index and exc.errno == errno.EINVAL):
             return None
         raise fail(f"failed to look up link {name or index}: {describe(exc)}") from None
-    return _link(msgs[0]) if msgs else None
+    return parse_link(msgs[0]) if msgs else None
 
 
-def default_route_link(ipr: Any) -> str:
+def default_route_link(nl: Rtnl) -> str:
     """The interface of the first default route in the main table (IPv4 first)."""
     for family in (socket.AF_INET, socket.AF_INET6):
-        for route in ipr.get_routes(family=family, table=RT_TABLE_MAIN):
-            oif = route.get_attr("RTA_OIF")
-            if route["dst_len"] == 0 and oif:
-                link = find_link(ipr, index=oif)
+        for route in _route_msgs(nl, family, RT_TABLE_MAIN):
+            if route.dst.prefixlen == 0 and route.oif:
+                link = find_link(nl, index=route.oif)
                 if link is not None:
                     return link.name
     raise fail("no default route interface found")
 
 
 def create_child(
-    ipr: Any,
+    nl: Rtnl,
     kind: str,
     name: str,
     parent: int,
-    mode: Any,
+    mode: int,
     *,
     netns: int | None = None,
     mtu: int = 0,
     mac: str = "",
 ) -> None:
     """Create a macvlan/ipvlan `name` on link index `parent`, optionally straight into the
-    namespace behind descriptor `netns`. Raises the kernel error unchanged."""
-    spec: dict[str, Any] = {"ifname": name, "kind": kind, "link": parent}
-    spec[f"{kind}_mode"] = mode
+    namespace behind descriptor `netns`. Raises the kernel error unchanged (OSError)."""
+    body = _ifinfo() + attr_str(IFLA_IFNAME, name) + attr_u32(IFLA_LINK, parent)
     if netns is not None:
-        spec["net_ns_fd"] = netns
+        body += attr_u32(IFLA_NET_NS_FD, netns)
     if mtu:
-        spec["mtu"] = mtu
+        body += attr_u32(IFLA_MTU, mtu)
     if mac:
-        spec["address"] = mac
-    ipr.link("add", **spec)
+        body += attr(IFLA_ADDRESS, bytes.fromhex(mac.replace(":", "")))
+    mode_attr = attr_u32 if kind == "macvlan" else attr_u16
+    data = attr(IFLA_INFO_DATA, mode_attr(IFLA_MACVLAN_MODE, mode))
+    body += attr(IFLA_LINKINFO, attr_str(IFLA_INFO_KIND, kind) + data)
+    nl.request(RTM_NEWLINK, body, NLM_F_CREATE | NLM_F_EXCL)
 
 
-def set_link(ipr: Any, index: int, *, name: str = "", up: bool = False) -> None:
+def set_link(nl: Rtnl, index: int, *, name: str = "", up: bool = False) -> None:
     """Rename and/or bring up link `index` in one message (the rename happens first)."""
-    spec: dict[str, Any] = {"index": index}
+    body = _ifinfo(index, IFF_UP, IFF_UP) if up else _ifinfo(index)
     if name:
-        spec["ifname"] = name
-    if up:
-        spec["state"] = "up"
-    ipr.link("set", **spec)
+        body += attr_str(IFLA_IFNAME, name)
+    nl.request(RTM_NEWLINK, body)
 
 
-def delete_link(ipr: Any, name: str = "", index: int = 0) -> bool:
+def delete_link(nl: Rtnl, name: str = "", index: int = 0) -> bool:
     """Delete the link with `index` (or called `name`); False if it did not exist."""
     if not index:
-        link = find_link(ipr, name)
+        link = find_link(nl, name)
         if link is None:
             return False
         index = link.index
     try:
-        ipr.link("del", index=index)
-    except Exception as exc:
-        if errno_of(exc) == errno.ENODEV:
+        nl.request(RTM_DELLINK, _ifinfo(index))
+    except OSError as exc:
+        if exc.errno == errno.ENODEV:
             return False
         raise fail(f"failed to delete link {name or index}: {describe(exc)}") from None
     return True
 
 
-def add_address(ipr: Any, index: int, address: IPInterface) -> None:
+def add_address(nl: Rtnl, index: int, address: IPInterface) -> None:
     """Add an address; IPv4 gets a broadcast address below /31, as vishvananda/netlink."""
-    spec: dict[str, Any] = {
-        "index": index,
-        "address": str(address.ip),
-        "prefixlen": address.network.prefixlen,
-    }
-    if isinstance(address, IPv4Interface) and address.network.prefixlen < 31:
-        spec["broadcast"] = str(address.network.broadcast_address)
-    ipr.addr("add", **spec)
+    ip = address.ip.packed
+    family = socket.AF_INET if address.version == 4 else socket.AF_INET6
+    body = IFADDR.pack(family, address.network.prefixlen, 0, 0, index) + attr(IFA_ADDRESS, ip)
+    if isinstance(address, IPv4Interface):
+        if address.network.prefixlen < 31:
+            body += attr(IFA_BROADCAST, address.network.broadcast_address.packed)
+        body += attr(IFA_LOCAL, ip)
+    nl.request(RTM_NEWADDR, body, NLM_F_CREATE | NLM_F_EXCL)
 
 
 def addresses(
-    ipr: Any, index: int, family: int = socket.AF_UNSPEC
+    nl: Rtnl, index: int, family: int = socket.AF_UNSPEC
 ) -> list[tuple[IPInterface, int]]:
     """(address, IFA flags) of every address on link `index`."""
     found = []
-    for msg in ipr.get_addr(family=family, index=index):
-        flags = msg.get_attr("IFA_FLAGS")
-        text = msg.get_attr("IFA_ADDRESS") or msg.get_attr("IFA_LOCAL")
-        if text:
-            found.append((ip_interface(f"{text}/{msg['prefixlen']}"), int(flags or msg["flags"])))
+    for msg in nl.dump(RTM_GETADDR, IFADDR.pack(family, 0, 0, 0, 0)):
+        fam, prefixlen, flags, _, ifindex = IFADDR.unpack_from(msg, 16)
+        if ifindex != index:
+            continue
+        attrs = parse_attrs(msg, 16 + IFADDR.size)
+        raw = attrs.get(IFA_ADDRESS) or attrs.get(IFA_LOCAL)
+        if raw:
+            text = socket.inet_ntop(fam, raw)
+            found.append((ip_interface(f"{text}/{prefixlen}"), get_u32(attrs, IFA_FLAGS) or flags))
     return found
 
 
 def add_route(
-    ipr: Any,
+    nl: Rtnl,
     index: int,
     dst: IPNetwork,
     gw: IPAddress | None,
@@ -232,23 +270,23 @@ def add_route(
     scope: int | None = None,
 ) -> None:
     """Add a route through link `index` like netlink.RouteAddEcmp (no NLM_F_EXCL)."""
-    spec: dict[str, Any] = {
-        "dst": str(dst),
-        "oif": index,
-        "proto": RTPROT_BOOT,
-        "scope": scope or 0,
-        "table": table if table is not None else RT_TABLE_MAIN,
-    }
-    if dst.version == 6:
-        spec["family"] = socket.AF_INET6
+    family = socket.AF_INET if dst.version == 4 else socket.AF_INET6
+    table = table if table is not None else RT_TABLE_MAIN
+    header_table = table if table < 256 else RT_TABLE_MAIN  # RTA_TABLE carries the real one
+    body = RTMSG.pack(
+        family, dst.prefixlen, 0, 0, header_table, RTPROT_BOOT, scope or 0, RTN_UNICAST, 0
+    )
+    if dst.prefixlen:
+        body += attr(RTA_DST, dst.network_address.packed)
+    body += attr_u32(RTA_OIF, index) + attr_u32(RTA_TABLE, table)
     if gw is not None:
-        spec["gateway"] = str(gw)
+        body += attr(RTA_GATEWAY, gw.packed)
     if priority:
-        spec["priority"] = priority
-    metrics = {k: v for k, v in (("RTAX_MTU", mtu), ("RTAX_ADVMSS", advmss)) if v}
+        body += attr_u32(RTA_PRIORITY, priority)
+    metrics = b"".join(attr_u32(k, v) for k, v in ((RTAX_MTU, mtu), (RTAX_ADVMSS, advmss)) if v)
     if metrics:
-        spec["metrics"] = {"attrs": list(metrics.items())}
-    ipr.route("append", **spec)
+        body += attr(RTA_METRICS, metrics)
+    nl.request(RTM_NEWROUTE, body, NLM_F_CREATE | NLM_F_APPEND)
 
 
 @dataclass(frozen=True)
@@ -260,20 +298,50 @@ class RouteEntry:
     oif: int
 
 
-def routes(ipr: Any, family: int, table: int = RT_TABLE_MAIN) -> list[RouteEntry]:
-    """Every route of `family` in `table` (multipath routes: one entry per hop)."""
-    zero = "0.0.0.0" if family == socket.AF_INET else "::"
+@dataclass(frozen=True)
+class _RouteMsg:
+    dst: IPNetwork
+    gw: IPAddress | None
+    oif: int
+    hops: list[tuple[IPAddress | None, int]]  # (gateway, oif) of a multipath route
+
+
+def _route_msgs(nl: Rtnl, family: int, table: int) -> list[_RouteMsg]:
     found = []
-    for msg in ipr.get_routes(family=family, table=table):
-        dst = ip_network(f"{msg.get_attr('RTA_DST') or zero}/{msg['dst_len']}", strict=False)
-        hops = msg.get_attr("RTA_MULTIPATH")
-        if hops:
-            for hop in hops:
-                gw = hop.get_attr("RTA_GATEWAY")
-                found.append(RouteEntry(dst, ip_address(gw) if gw else None, hop["oif"]))
+    for msg in nl.dump(RTM_GETROUTE, RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
+        fam, dst_len, _, _, header_table, _, _, _, _ = RTMSG.unpack_from(msg, 16)
+        attrs = parse_attrs(msg, 16 + RTMSG.size)
+        if (get_u32(attrs, RTA_TABLE) or header_table) != table:
             continue
-        gw = msg.get_attr("RTA_GATEWAY")
-        found.append(RouteEntry(dst, ip_address(gw) if gw else None, msg.get_attr("RTA_OIF") or 0))
+        raw_dst = attrs.get(RTA_DST) or bytes(4 if fam == socket.AF_INET else 16)
+        dst = ip_network(f"{socket.inet_ntop(fam, raw_dst)}/{dst_len}", strict=False)
+        hops = []
+        multipath = attrs.get(RTA_MULTIPATH, b"")
+        offset = 0
+        while offset + NEXTHOP.size <= len(multipath):
+            size, _, _, oif = NEXTHOP.unpack_from(multipath, offset)
+            if size < NEXTHOP.size:
+                break
+            hop = parse_attrs(multipath[offset + NEXTHOP.size : offset + size])
+            hops.append((_ip(fam, hop.get(RTA_GATEWAY)), oif))
+            offset += (size + 3) & ~3
+        gw = _ip(fam, attrs.get(RTA_GATEWAY))
+        found.append(_RouteMsg(dst, gw, get_u32(attrs, RTA_OIF) or 0, hops))
+    return found
+
+
+def _ip(family: int, raw: bytes | None) -> IPAddress | None:
+    return ip_address(socket.inet_ntop(family, raw)) if raw else None
+
+
+def routes(nl: Rtnl, family: int, table: int = RT_TABLE_MAIN) -> list[RouteEntry]:
+    """Every route of `family` in `table` (multipath routes: one entry per hop)."""
+    found = []
+    for msg in _route_msgs(nl, family, table):
+        if msg.hops:
+            found += [RouteEntry(msg.dst, gw, oif) for gw, oif in msg.hops]
+        else:
+            found.append(RouteEntry(msg.dst, msg.gw, msg.oif))
     return found
 
 
@@ -288,11 +356,11 @@ def write_sysctl(key: str, value: str) -> None:
         f.write(value)
 
 
-def settle_addresses(ipr: Any, index: int, timeout: float = 10.0) -> bool:
+def settle_addresses(nl: Rtnl, index: int, timeout: float = 10.0) -> bool:
     """Wait until no IPv6 address of link `index` is tentative; False on timeout."""
     deadline = time.monotonic() + timeout
     while True:
-        flags = [f for _, f in addresses(ipr, index, socket.AF_INET6)]
+        flags = [f for _, f in addresses(nl, index, socket.AF_INET6)]
         if not any(f & (IFA_F_TENTATIVE | IFA_F_DADFAILED) for f in flags):
             return True
         if time.monotonic() >= deadline:

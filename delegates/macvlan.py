@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any
 
 from cni import skel
 from cni.env import CmdArgs
@@ -26,7 +25,7 @@ from delegates.sublink import (
     parse_prev_result,
 )
 
-MODES = ("bridge", "private", "vepa", "passthru", "source")
+MODES = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8, "source": 16}  # MACVLAN_MODE_*
 DEFAULT_MODE = "bridge"
 _MAC_FORMS = (
     re.compile(r"(?:[0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}"),
@@ -68,6 +67,7 @@ class MacvlanPlugin(SubLinkPlugin):
 
     kind = "macvlan"
     mode_label = "macvlan"
+    modes = MODES
 
     def load(self, args: CmdArgs, command: str) -> LinkConf:
         raw = decode_conf(args.stdin)
@@ -77,9 +77,10 @@ class MacvlanPlugin(SubLinkPlugin):
             conf.mac = mac_from_cni_args(args) or conf.mac
         runtime = go_field(raw, "runtimeConfig", dict, "struct")
         conf.mac = go_field(runtime, "mac", str, "string", "runtimeConfig") or conf.mac
-        conf.mode = conf.mode_name or DEFAULT_MODE
-        if conf.mode not in MODES:
+        mode = MODES.get(conf.mode_name or DEFAULT_MODE)
+        if mode is None:
             raise fail(f'unknown macvlan mode: "{conf.mode_name}"')
+        conf.mode = mode
         if conf.mac:
             conf.mac = parse_mac(conf.mac)
         if command == "CHECK":
@@ -87,9 +88,6 @@ class MacvlanPlugin(SubLinkPlugin):
             if not conf.master:
                 conf.master = self.on_master_side(conf, args, default_route_link)
         return conf
-
-    def mode_name(self, kernel_mode: Any) -> str:
-        return str(kernel_mode)
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from cni.env import CmdArgs
 from cni.errors import CNIError
@@ -38,6 +38,7 @@ from delegates.link import (
     temp_name,
 )
 from delegates.netns import NetnsGone, run_in_netns
+from delegates.rtnl import Rtnl
 
 T = TypeVar("T")
 log = logging.getLogger("plexus.delegates")
@@ -94,7 +95,7 @@ class LinkConf:
     raw: dict[str, Any]
     master: str = ""
     mode_name: str = ""
-    mode: Any = None  # what the kernel calls it: pyroute2's macvlan name, the ipvlan number
+    mode: int = 0  # IFLA_MACVLAN_MODE / IFLA_IPVLAN_MODE, as the kernel numbers it
     mtu: int = 0
     mac: str = ""
     link_in_container: bool = False
@@ -127,12 +128,14 @@ class SubLinkPlugin:
     kind = ""
     mode_label = ""  # how CHECK's mode mismatch message names the kind
     check_master_mtu = True  # macvlan 1.1.1 checks mtu <= master's; ipvlan leaves it to the kernel
+    modes: ClassVar[dict[str, int]] = {}  # config name -> kernel mode number
 
     def load(self, args: CmdArgs, command: str) -> LinkConf:
         raise NotImplementedError
 
-    def mode_name(self, kernel_mode: Any) -> str:
-        raise NotImplementedError
+    def mode_name(self, kernel_mode: int | None) -> str:
+        """The config's name for a kernel mode number (the number itself if unknown)."""
+        return next((k for k, v in self.modes.items() if v == kernel_mode), str(kernel_mode))
 
     def ip_config(self, conf: LinkConf, args: CmdArgs) -> Result | None:
         """The IP config to apply: the IPAM result, or None for an L2-only link."""
@@ -148,29 +151,29 @@ class SubLinkPlugin:
 
     # -- master side -----------------------------------------------------------------
 
-    def on_master_side(self, conf: LinkConf, args: CmdArgs, fn: Callable[[Any], T]) -> T:
-        """fn(ipr) with a netlink socket in the namespace where the master lives."""
+    def on_master_side(self, conf: LinkConf, args: CmdArgs, fn: Callable[[Rtnl], T]) -> T:
+        """fn(nl) with a netlink socket in the namespace where the master lives."""
         if conf.link_in_container:
             return run_in_netns(args.netns, lambda: _with_netlink(fn))
         return _with_netlink(fn)
 
-    def master(self, ipr: Any, conf: LinkConf) -> Link:
+    def master(self, nl: Rtnl, conf: LinkConf) -> Link:
         """The master link (default: the default route's), after macvlan's MTU check."""
-        name = conf.master or default_route_link(ipr)
-        master = find_link(ipr, name)
+        name = conf.master or default_route_link(nl)
+        master = find_link(nl, name)
         if master is None:
             raise fail(f'failed to lookup master "{name}": Link not found')
         if self.check_master_mtu and (conf.mtu < 0 or conf.mtu > master.mtu):
             raise fail(f"invalid MTU {conf.mtu}, must be [0, master MTU({master.mtu})]")
         return master
 
-    def _create(self, ipr: Any, conf: LinkConf, args: CmdArgs, tmp: str) -> None:
-        master = self.master(ipr, conf)
+    def _create(self, nl: Rtnl, conf: LinkConf, args: CmdArgs, tmp: str) -> None:
+        master = self.master(nl, conf)
         into_pod = None if conf.link_in_container else netns_fd(args.netns)
         with into_pod or nullcontext() as fd:
             try:
                 create_child(
-                    ipr,
+                    nl,
                     self.kind,
                     tmp,
                     master.index,
@@ -187,11 +190,11 @@ class SubLinkPlugin:
     def add(self, args: CmdArgs) -> Result:
         conf = self.load(args, "ADD")
         tmp = temp_name()
-        self.on_master_side(conf, args, lambda ipr: self._create(ipr, conf, args, tmp))
+        self.on_master_side(conf, args, lambda nl: self._create(nl, conf, args, tmp))
         try:
             ipc = self.ip_config(conf, args)
         except BaseException:
-            _quietly(lambda: _in_pod(args, lambda ipr: delete_link(ipr, tmp)))
+            _quietly(lambda: _in_pod(args, lambda nl: delete_link(nl, tmp)))
             raise
         try:
             iface = run_in_netns(args.netns, lambda: self._configure(args, tmp, ipc))
@@ -203,20 +206,20 @@ class SubLinkPlugin:
 
     def _configure(self, args: CmdArgs, tmp: str, ipc: Result | None) -> Interface:
         """Inside the pod: rename + up, sysctls, addresses, routes; delete the link on failure."""
-        with netlink() as ipr:
-            link = find_link(ipr, tmp)
+        with netlink() as nl:
+            link = find_link(nl, tmp)
             if link is None:
                 raise fail(f'failed to rename {self.kind} to "{args.ifname}": {tmp} is gone')
             try:
                 try:
-                    set_link(ipr, link.index, name=args.ifname, up=True)
+                    set_link(nl, link.index, name=args.ifname, up=True)
                 except Exception as exc:
                     msg = f'failed to rename {self.kind} to "{args.ifname}": {describe(exc)}'
                     raise fail(msg) from None
                 link = replace(link, name=args.ifname)
-                return ipconfig.configure_pod_iface(ipr, link, args.netns, ipc)
+                return ipconfig.configure_pod_iface(nl, link, args.netns, ipc)
             except BaseException:
-                _quietly(lambda: delete_link(ipr, index=link.index))
+                _quietly(lambda: delete_link(nl, index=link.index))
                 raise
 
     # -- CHECK -----------------------------------------------------------------------
@@ -237,11 +240,11 @@ class SubLinkPlugin:
                 f"Sandbox in prevResult {sandbox} doesn't match configured netns: {args.netns}"
             )
         if conf.master:
-            self.on_master_side(conf, args, lambda ipr: self.master(ipr, conf))
-        _in_pod(args, lambda ipr: self._verify(ipr, conf, mine[0], prev, args.ifname))
+            self.on_master_side(conf, args, lambda nl: self.master(nl, conf))
+        _in_pod(args, lambda nl: self._verify(nl, conf, mine[0], prev, args.ifname))
 
-    def _verify(self, ipr: Any, conf: LinkConf, want: Interface, prev: Result, ifname: str) -> None:
-        link = find_link(ipr, want.name)
+    def _verify(self, nl: Rtnl, conf: LinkConf, want: Interface, prev: Result, ifname: str) -> None:
+        link = find_link(nl, want.name)
         if link is None:
             raise fail(f"Container Interface name in prevResult: {want.name} not found")
         if link.kind != self.kind:
@@ -255,8 +258,8 @@ class SubLinkPlugin:
             raise fail(
                 f"Interface {want.name} Mac {want.mac} doesn't match container Mac: {link.mac}"
             )
-        ipconfig.verify_ips(ipr, link, prev.ips)
-        ipconfig.verify_routes(ipr, prev, ifname)
+        ipconfig.verify_ips(nl, link, prev.ips)
+        ipconfig.verify_routes(nl, prev, ifname)
 
     # -- DEL, STATUS, GC -------------------------------------------------------------
 
@@ -271,7 +274,7 @@ class SubLinkPlugin:
         if not args.netns:
             return
         try:
-            _in_pod(args, lambda ipr: delete_link(ipr, args.ifname))
+            _in_pod(args, lambda nl: delete_link(nl, args.ifname))
         except NetnsGone:
             return
 
@@ -287,12 +290,12 @@ class SubLinkPlugin:
             ipam_gc(raw, args)
 
 
-def _with_netlink(fn: Callable[[Any], T]) -> T:
-    with netlink() as ipr:
-        return fn(ipr)
+def _with_netlink(fn: Callable[[Rtnl], T]) -> T:
+    with netlink() as nl:
+        return fn(nl)
 
 
-def _in_pod(args: CmdArgs, fn: Callable[[Any], T]) -> T:
+def _in_pod(args: CmdArgs, fn: Callable[[Rtnl], T]) -> T:
     return run_in_netns(args.netns, lambda: _with_netlink(fn))
 
 

@@ -68,8 +68,7 @@ class Store:
             _unlink(path)
             raise _io_error(f"reserve {ip}", err) from None
         try:
-            with open(os.path.join(self.dir, LAST_IP_PREFIX + range_id), "wb") as f:
-                f.write(str(ip).encode())
+            _overwrite(os.path.join(self.dir, LAST_IP_PREFIX + range_id), str(ip).encode())
         except OSError as err:
             raise _io_error("record the last reserved IP", err) from None
         return True
@@ -137,6 +136,17 @@ def _walk(directory: str) -> Iterator[tuple[str, bytes]]:
         except OSError:
             continue
         yield path, data
+
+
+def _overwrite(path: str, data: bytes) -> None:
+    """Make the file hold `data`, rewriting it in place: O_TRUNC would free and reallocate
+    its block, which costs ~0.1 ms on ext4. Readers hold the store's lock."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)  # as open("wb")
+    try:
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
 
 
 def _key(cid: str, ifname: str) -> bytes:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
+from cni.fileio import write_atomic
 from cni.version import parse_version
 from meta.attachments import CONF_SUFFIXES
 from meta.daemon.config import DaemonConfig
@@ -105,7 +105,7 @@ class ConfigWriter:
             return False
         text = json.dumps(build(primary, self.conf), indent=2).encode()
         if text != self._last or not self.target.exists():
-            _write_atomically(self.target, text)
+            write_atomic(self.target, text, 0o644)
             self._last = text
             log.info(
                 "wrote CNI config", extra={"file": str(self.target), "primary": str(primary_path)}
@@ -116,11 +116,3 @@ class ConfigWriter:
         while not self._stop.is_set():
             self.sync()
             self._stop.wait(self.interval)
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".plexus-")
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)

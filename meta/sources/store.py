@@ -17,9 +17,8 @@ import json
 import logging
 import os
 import stat
-import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +27,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError
 
 from cni.errors import CNIError, ErrorCode
+from cni.fileio import write_atomic
 from meta.sources.base import ClusterSource, NetworkAttachmentDefinition, Pod
 from meta.status import NETWORK_STATUS_ANNOTATION
 
@@ -225,20 +225,9 @@ class EmbeddedStore(ClusterSource):
             text = json.dumps(body, indent=2, ensure_ascii=False) + "\n"
         else:
             text = yaml.dump(body, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
-        tmp = None
         try:
-            mode = stat.S_IMODE(path.stat().st_mode)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{path.name}.", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as stream:
-                stream.write(text)
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.chmod(tmp, mode)
-            os.replace(tmp, path)
+            write_atomic(path, text.encode(), stat.S_IMODE(path.stat().st_mode), fsync=True)
         except OSError as exc:
-            if tmp is not None:
-                with suppress(OSError):
-                    os.unlink(tmp)
             raise CNIError(ErrorCode.IO_FAILURE, f"cannot write {path}: {exc}") from exc
 
 

@@ -2,8 +2,10 @@
 
 Every contender attaches the same networks: reference `bridge` + host-local as the
 default network, plus N macvlan secondaries (host-local) on a veth master, in a
-private "node" namespace. Rounds interleave the contenders; each ADD is followed
-by an untimed DEL on a fresh pod namespace. Prints a markdown table of medians.
+private "node" namespace; the two "default only" columns attach the default network
+alone (raw, and through Plexus: its own overhead without secondaries). Rounds
+interleave the contenders; each ADD is followed by an untimed DEL on a fresh pod
+namespace. Prints a markdown table of medians.
 
     sudo .venv/bin/python3 -m tests.bench.bench_add --runs 30 --extras 1,2,4,8
 """
@@ -249,6 +251,11 @@ def measure(runs: int, extras_list: list[int]) -> list[dict[str, Any]]:
             contenders: dict[str, Callable[[], float]] = {
                 "raw default only": lambda: raw_add(bench, 0),
                 "raw delegates": lambda e=extras: raw_add(bench, e),
+                "plexus default only": lambda: one_add(
+                    bench,
+                    str(bench.bin / "plexus"),
+                    bench.meta("plexus", 0, socketDir=str(root / "run")),
+                ),
                 "plexus shim+daemon": lambda e=extras: one_add(
                     bench,
                     str(bench.bin / "plexus"),

@@ -55,10 +55,15 @@ def test_macvlan_unknown_mode(mode: str) -> None:
     assert (err.code, err.msg) == (PLUGIN_ERROR, f'unknown macvlan mode: "{mode}"')
 
 
-@pytest.mark.parametrize("mode", ["", "bridge", "private", "vepa", "passthru", "source"])
-def test_macvlan_known_modes(mode: str) -> None:
-    conf = MacvlanPlugin().load(_args(_macvlan(mode=mode)), "ADD")
-    assert conf.mode == (mode or "bridge")
+@pytest.mark.parametrize(
+    ("mode", "value"),
+    [("", 4), ("bridge", 4), ("private", 1), ("vepa", 2), ("passthru", 8), ("source", 16)],
+)
+def test_macvlan_known_modes(mode: str, value: int) -> None:
+    plugin = MacvlanPlugin()
+    conf = plugin.load(_args(_macvlan(mode=mode)), "ADD")
+    assert conf.mode == value
+    assert plugin.mode_name(value) == (mode or "bridge")
 
 
 @pytest.mark.parametrize(
@@ -76,7 +81,7 @@ def test_macvlan_mtu_type(value: Any, kind: str) -> None:
 
 def test_macvlan_null_fields_mean_zero_values() -> None:
     conf = MacvlanPlugin().load(_args(_macvlan(mtu=None, mode=None, mac=None)), "ADD")
-    assert (conf.mtu, conf.mode, conf.mac) == (0, "bridge", "")
+    assert (conf.mtu, conf.mode, conf.mac) == (0, 4, "")
 
 
 @pytest.mark.parametrize("where", ["config", "runtimeConfig", "CNI_ARGS"])

@@ -1,0 +1,37 @@
+"""write_atomic: exact mode, whole replacement, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from cni.fileio import write_atomic
+
+
+def test_writes_with_the_exact_mode_whatever_the_umask(tmp_path: Path) -> None:
+    target = tmp_path / "f"
+    old = os.umask(0o077)
+    try:
+        write_atomic(target, b"one", 0o644)
+    finally:
+        os.umask(old)
+    assert target.read_bytes() == b"one"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+
+
+def test_replaces_a_read_only_file_and_leaves_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "f"
+    write_atomic(target, b"old", 0o444)
+    write_atomic(target, b"new" * 10000, 0o444, fsync=True)
+    assert target.read_bytes() == b"new" * 10000
+    assert os.listdir(tmp_path) == ["f"]
+
+
+def test_a_failure_raises_and_leaves_nothing(tmp_path: Path) -> None:
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(IsADirectoryError):
+        write_atomic(tmp_path / "dir", b"x")  # cannot rename a file over a directory
+    assert os.listdir(tmp_path) == ["dir"] and os.listdir(tmp_path / "dir") == []
