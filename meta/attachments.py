@@ -287,6 +287,7 @@ class Resolver:
         return Delegate(
             network=selection.ref,
             ifname=selection.interface or f"net{index}",
+            ifname_chosen=bool(selection.interface),
             config=config,
             capability_args=caps,
             gateway_request=list(selection.default_route or []),

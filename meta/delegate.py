@@ -15,6 +15,7 @@ class Delegate(BaseModel):
 
     network: str = Field(description="name in network-status: ns/name, or the config's name")
     ifname: str
+    ifname_chosen: bool = Field(False, description="the pod asked for this name; else netN")
     config: dict[str, Any] = Field(description="the conf or conflist to run, fully resolved")
     default: bool = False
     capability_args: dict[str, Any] = Field(default_factory=dict)

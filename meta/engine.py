@@ -21,11 +21,13 @@ from cni.errors import CNIError, ErrorCode
 from cni.result import Result
 from cni.runtime import CNIRuntime, RuntimeConf
 from cni.version import version_at_least
+from delegates.netns import netns_exists
 from meta import deviceinfo, routes
 from meta.attachments import NetworkNotFound, Resolver
 from meta.config import MetaConfig
 from meta.delegate import Delegate
 from meta.devices import DeviceSource
+from meta.locks import ContainerLocks
 from meta.logs import StepLogger
 from meta.records import AttachmentRecord, RecordStore
 from meta.sources.base import ClusterSource, Pod
@@ -44,19 +46,21 @@ class Engine:
         runtime: CNIRuntime,
         records: RecordStore,
         devices: DeviceSource | None = None,
+        locks: ContainerLocks | None = None,
     ) -> None:
         self.conf = conf
         self.source = source
         self.runtime = runtime
         self.records = records
         self.devices = devices
+        self.locks = locks if locks is not None else ContainerLocks()
 
     # ---- ADD -----------------------------------------------------------------
 
     def add(self, args: CmdArgs) -> Result:
         log = _call_log("add", args)
         self._wait_for_readiness(log)
-        with self._lock(exclusive=False):
+        with self._lock(exclusive=False), self.locks.hold(args.container_id):
             pod = self._find_pod(args, log)
             if pod is None and self._pod_expected(args):
                 log.warning("pod not found: returning an empty result without attaching anything")
@@ -73,15 +77,17 @@ class Engine:
                     pod_name=pod.name if pod else "",
                     pod_uid=pod.uid if pod else "",
                     cni_args=list(args.args),
+                    path=list(args.path),
                     delegates=delegates,
                 )
             )
             results = self._attach_all(args, delegates, plan, log)
             try:
-                self._report(pod, delegates, results, log)
+                self._write_status(pod, delegates, results, log)
             except CNIError:
                 self._rollback(args, delegates, log)
                 raise
+            self._announce(pod, delegates, results)
             default = next(r for d, r in zip(delegates, results, strict=True) if d.default)
             return default.convert(self.conf.cni_version)
 
@@ -186,17 +192,20 @@ class Engine:
 
     def _rollback(self, args: CmdArgs, delegates: list[Delegate], log: StepLogger) -> None:
         for delegate in reversed(delegates):
-            try:
-                with log.step(
-                    "rollback delegate del", network=delegate.network, ifname=delegate.ifname
-                ):
-                    self.runtime.delete(delegate.network_config(), self._rt(args, delegate))
-            except CNIError:
-                pass  # logged by the step; rollback goes on
-            self._clean_device_info(delegate, log)
+            self._rollback_one(args, delegate, log)
         self.records.delete(args.container_id)
 
-    def _report(
+    def _rollback_one(self, args: CmdArgs, delegate: Delegate, log: StepLogger) -> None:
+        try:
+            with log.step(
+                "rollback delegate del", network=delegate.network, ifname=delegate.ifname
+            ):
+                self.runtime.delete(delegate.network_config(), self._rt(args, delegate))
+        except CNIError:
+            pass  # logged by the step
+        self._clean_device_info(delegate, log)
+
+    def _write_status(
         self, pod: Pod | None, delegates: list[Delegate], results: list[Result], log: StepLogger
     ) -> None:
         if pod is None or self.source is None:
@@ -208,6 +217,11 @@ class Engine:
             )
         with log.step("write network-status", entries=len(statuses)):
             self.source.set_network_status(pod, render(statuses))
+
+    def _announce(self, pod: Pod | None, delegates: list[Delegate], results: list[Result]) -> None:
+        """An `AddedInterface` event per attached interface."""
+        if pod is None or self.source is None:
+            return
         for delegate, result in zip(delegates, results, strict=True):
             cidrs = [str(ip.address) for ip in result.ips]
             self.source.record_event(
@@ -221,7 +235,7 @@ class Engine:
 
     def delete(self, args: CmdArgs) -> None:
         log = _call_log("del", args)
-        with self._lock(exclusive=False):
+        with self._lock(exclusive=False), self.locks.hold(args.container_id):
             delegates, netns = self._delegates_for_delete(args, log)
             errors = self._detach_all(
                 args.container_id, netns or args.netns, args.args, delegates, log
@@ -305,6 +319,106 @@ class Engine:
                         errors.append((delegate, exc))
             self._clean_device_info(delegate, log)
         return errors
+
+    # ---- hot-plug --------------------------------------------------------------
+
+    def sync(self, container_id: str) -> bool:
+        """Hot-plug: attach and detach a running container's secondary networks so they
+        match its pod's annotation now, then rewrite network-status.
+
+        An attachment of a network the annotation still asks for stays as it is (an
+        automatic `netN` name never moves it); a new one without a name the pod chose gets
+        the lowest free `netN`.
+        The record is saved before each new delegate runs, as ADD does. The default
+        network, default routes and device-plugin resources (allocated only when the pod
+        starts) are never changed here. False when there was nothing to do: no record,
+        the namespace or the pod gone, or the annotation already matched.
+        """
+        log = StepLogger("engine", verb="sync", cid=container_id[:12])
+        with self._lock(exclusive=False), self.locks.hold(container_id):
+            record = self.records.load(container_id)
+            if record is None or self.source is None or not record.pod_name:
+                return False
+            if not netns_exists(record.netns):
+                return False
+            pod = self.source.get_pod(record.pod_namespace or "default", record.pod_name)
+            if pod is None or (record.pod_uid and pod.uid and pod.uid != record.pod_uid):
+                return False
+            log = log.bind(pod=f"{pod.namespace}/{pod.name}")
+            args = CmdArgs(
+                "ADD",
+                container_id,
+                record.netns,
+                record.ifname,
+                tuple(record.cni_args),
+                tuple(record.path),
+                b"",
+            )
+            try:
+                wanted = self._resolve(args, pod, log)
+            except CNIError as exc:
+                self.source.record_event(pod, "Warning", "HotplugFailed", exc.msg)
+                return False
+            added, removed, refused = _hotplug_plan(record.delegates, wanted)
+            for message in refused:
+                log.warning("hot-plug refused", reason=message)
+                self.source.record_event(pod, "Warning", "HotplugFailed", message)
+            if not added and not removed:
+                return False
+            return self._hotplug(pod, record, args, added, removed, log)
+
+    def _hotplug(
+        self,
+        pod: Pod,
+        record: AttachmentRecord,
+        args: CmdArgs,
+        added: list[Delegate],
+        removed: list[Delegate],
+        log: StepLogger,
+    ) -> bool:
+        assert self.source is not None
+        errors = self._detach_all(args.container_id, args.netns, args.args, removed, log)
+        still_there = {id(d) for d, _ in errors}
+        for delegate, exc in errors:
+            self.source.record_event(
+                pod, "Warning", "HotplugFailed", f"remove {delegate.label}: {exc.msg}"
+            )
+        gone = [d for d in removed if id(d) not in still_there]
+        current = [d for d in record.delegates if not any(d is g for g in gone)]
+        record.delegates = current
+        self.records.save(record)
+        for delegate in gone:
+            message = f"Remove {delegate.ifname} from {delegate.network}"
+            self.source.record_event(pod, "Normal", "RemovedInterface", message)
+        fresh: dict[int, Result] = {}  # id(delegate) -> its ADD result
+        for delegate in added:
+            record.delegates = [*current, delegate]
+            self.records.save(record)
+            try:
+                fresh[id(delegate)] = self._attach(args, delegate, log)
+            except CNIError as exc:
+                self._rollback_one(args, delegate, log)
+                record.delegates = current
+                self.records.save(record)
+                self.source.record_event(pod, "Warning", "HotplugFailed", exc.msg)
+                continue
+            current = record.delegates
+        results = [(d, fresh.get(id(d)) or self._cached(args.container_id, d)) for d in current]
+        known = [(d, r) for d, r in results if r is not None]
+        self._write_status(pod, [d for d, _ in known], [r for _, r in known], log)
+        new = [d for d in current if id(d) in fresh]
+        self._announce(pod, new, [fresh[id(d)] for d in new])
+        return True
+
+    def _cached(self, container_id: str, delegate: Delegate) -> Result | None:
+        """An attachment's result from the result cache, None if it has none."""
+        try:
+            entry = self.runtime.cache.load(
+                delegate.network_config().name, container_id, delegate.ifname
+            )
+            return Result.from_dict(entry.result) if entry and entry.result else None
+        except CNIError:
+            return None
 
     # ---- CHECK ---------------------------------------------------------------
 
@@ -512,6 +626,45 @@ def _valid_attachments(conf: MetaConfig) -> set[tuple[str, str]]:
             )
         valid.add((str(item["containerID"]), str(item["ifname"])))
     return valid
+
+
+def _hotplug_plan(
+    have: list[Delegate], wanted: list[Delegate]
+) -> tuple[list[Delegate], list[Delegate], list[str]]:
+    """(to attach, to detach, refusals) for the secondaries of a running container."""
+    free = [d for d in have if not d.default]
+    added: list[Delegate] = []
+    refused: list[str] = []
+    for want in (w for w in wanted if not w.default):
+        match = next(
+            (
+                d
+                for d in free
+                if d.network == want.network and (d.ifname == want.ifname or not want.ifname_chosen)
+            ),
+            None,
+        )
+        if match is not None:
+            free = [d for d in free if d is not match]
+        elif want.resource_name:
+            refused.append(
+                f"cannot hot-plug {want.label}: it needs a {want.resource_name} device, "
+                "and devices are allocated only when the pod starts"
+            )
+        else:
+            added.append(want)
+    used = {d.ifname for d in have if not any(d is f for f in free)}
+    placed: list[Delegate] = []
+    for want in added:
+        name = want.ifname
+        if name in used and not want.ifname_chosen:
+            name = next(f"net{n}" for n in range(1, len(used) + 2) if f"net{n}" not in used)
+        if name in used:
+            refused.append(f"cannot hot-plug {want.label}: interface {name} is taken")
+            continue
+        used.add(name)
+        placed.append(want if name == want.ifname else want.model_copy(update={"ifname": name}))
+    return placed, free, refused
 
 
 def _aggregate(verb: str, errors: list[tuple[Delegate, CNIError]]) -> CNIError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from cni.env import CmdArgs
 from cni.invoke import Executor
@@ -12,6 +13,7 @@ from meta import logs
 from meta.config import MetaConfig, load_meta_config
 from meta.devices import DeviceSource
 from meta.engine import Engine
+from meta.locks import ContainerLocks
 from meta.podresources.client import PodResourcesClient
 from meta.records import RecordStore
 from meta.sources.base import ClusterSource
@@ -54,13 +56,18 @@ class MetaPlugin:
         self.executor = executor
         self.configure_logging = configure_logging
         self.devices = devices
+        self.locks = ContainerLocks()  # shared by every call this plugin serves
 
     def engine(self, args: CmdArgs) -> Engine:
         conf = load_meta_config(args.stdin)
         if self.configure_logging:
             logs.configure(conf.log_level, conf.log_file, conf.log_to_stderr)
+        return self.engine_for(conf, args.path)
+
+    def engine_for(self, conf: MetaConfig, cni_path: Sequence[str]) -> Engine:
+        """The engine for `conf`, finding plugins in bin_dir then `cni_path`."""
         source = self.source if self.source is not None else source_for(conf)
-        paths = ([conf.bin_dir] if conf.bin_dir else []) + list(args.path)
+        paths = ([conf.bin_dir] if conf.bin_dir else []) + list(cni_path)
         executor = self.executor
         if executor is None:
             from delegates.builtin import BuiltinExecutor
@@ -70,7 +77,7 @@ class MetaPlugin:
         devices = self.devices
         if devices is None:
             devices = PodResourcesClient(conf.pod_resources_socket, conf.device_checkpoint_file)
-        return Engine(conf, source, runtime, RecordStore(conf.cni_dir), devices)
+        return Engine(conf, source, runtime, RecordStore(conf.cni_dir), devices, self.locks)
 
     def add(self, args: CmdArgs) -> Result:
         return self.engine(args).add(args)

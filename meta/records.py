@@ -6,13 +6,12 @@ gone. One JSON file per container ID in `<cniDir>/records/`.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
 from cni.errors import CNIError, ErrorCode
+from cni.fileio import write_atomic
 from meta.delegate import Delegate
 
 
@@ -26,6 +25,7 @@ class AttachmentRecord(BaseModel):
     pod_name: str = ""
     pod_uid: str = ""
     cni_args: list[tuple[str, str]] = Field(default_factory=list)
+    path: list[str] = Field(default_factory=list, description="CNI_PATH of the ADD")
     delegates: list[Delegate]
 
 
@@ -40,13 +40,9 @@ class RecordStore:
 
     def save(self, record: AttachmentRecord) -> None:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
         try:
-            with os.fdopen(fd, "w") as out:
-                out.write(record.model_dump_json())
-            os.replace(tmp, self._path(record.container_id))
+            write_atomic(self._path(record.container_id), record.model_dump_json().encode())
         except OSError as exc:
-            Path(tmp).unlink(missing_ok=True)
             raise CNIError(
                 ErrorCode.IO_FAILURE, f"cannot save attachment record in {self.directory}", str(exc)
             ) from exc

@@ -11,6 +11,7 @@ from http.server import ThreadingHTTPServer
 from meta import logs
 from meta.daemon.cniconfig import ConfigWriter
 from meta.daemon.config import load_daemon_config
+from meta.daemon.hotplug import HotplugWorker
 from meta.daemon.http import start_http
 from meta.daemon.metrics import Metrics
 from meta.daemon.server import SocketServer
@@ -30,6 +31,11 @@ def run_daemon(config_path: str, node_name: str) -> int:
     if isinstance(source, KubeSource):
         source.start()
     plugin = MetaPlugin(source=source, configure_logging=False)
+    hotplug: HotplugWorker | None = None
+    if isinstance(source, KubeSource) and source.pods is not None:
+        hotplug = HotplugWorker(plugin, conf)
+        source.pods.listeners.append(hotplug.pod_changed)
+        hotplug.start()
     server = SocketServer(conf.socket_dir, plugin, metrics, conf.max_concurrent_requests)
     server.bind()
     ready = threading.Event()
@@ -62,6 +68,8 @@ def run_daemon(config_path: str, node_name: str) -> int:
     if writer is not None:
         writer.stop()
     server.stop()
+    if hotplug is not None:
+        hotplug.stop()
     if http is not None:
         http.shutdown()
     if isinstance(source, KubeSource):

@@ -61,7 +61,11 @@ T = TypeVar("T", bound=_Named)
 
 
 class Informer(Generic[T]):
-    """List then watch one collection, keeping converted objects by (namespace, name)."""
+    """List then watch one collection, keeping converted objects by (namespace, name).
+
+    Each listener is called (on the informer's thread, so it must be quick) with the old
+    and new object whenever one is added or changes, re-lists included.
+    """
 
     def __init__(
         self,
@@ -75,6 +79,7 @@ class Informer(Generic[T]):
         self.query = query
         self.convert = convert
         self.items: dict[tuple[str, str], T] = {}
+        self.listeners: list[Callable[[T | None, T], None]] = []
         self.synced = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"informer:{path}", daemon=True)
@@ -109,7 +114,10 @@ class Informer(Generic[T]):
         for obj in body.get("items", []):
             item = self.convert(obj)
             fresh[(item.namespace, item.name)] = item
-        self.items = fresh
+        old, self.items = self.items, fresh
+        for key, item in fresh.items():
+            if old.get(key) != item:
+                self._notify(old.get(key), item)
         self.synced.set()
         return str(body.get("metadata", {}).get("resourceVersion", ""))
 
@@ -131,7 +139,16 @@ class Informer(Generic[T]):
             if kind == "DELETED":
                 self.items.pop(key, None)
             else:
+                old = self.items.get(key)
                 self.items[key] = item
+                self._notify(old, item)
+
+    def _notify(self, old: T | None, new: T) -> None:
+        for listener in self.listeners:
+            try:
+                listener(old, new)
+            except Exception:  # a listener's bug must not stop the informer
+                log.exception("informer listener failed", extra={"path": self.path})
 
 
 class KubeSource:

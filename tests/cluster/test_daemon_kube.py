@@ -221,3 +221,44 @@ def test_pod_gone_gets_an_empty_result(kube: KubeNode) -> None:
     assert done.returncode == 0, done.stdout
     assert not json.loads(done.stdout).get("interfaces")
     assert kube.node.links(netns) == ["lo"]
+
+
+def _status_when(kube: KubeNode, pod: str, want: int) -> list[tuple[str, str]]:
+    """The pod's network-status (network, interface) once it has `want` entries."""
+    deadline = time.monotonic() + 20
+    while True:
+        notes = kube.get_pod(pod)["metadata"].get("annotations", {})
+        found = [(e["name"], e["interface"]) for e in json.loads(notes.get(STATUS, "[]"))]
+        if len(found) == want or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def test_annotation_change_hot_plugs_networks(kube: KubeNode) -> None:
+    ns = kube.namespace
+    kube.nad("net-a", kube.node.macvlan_conf("10.98.0.0/16"))
+    kube.nad("net-b", kube.node.macvlan_conf("10.97.0.0/16"))
+    uid = kube.pod("hp", "net-a")
+    time.sleep(0.5)  # let the watch deliver the new pod
+    netns, done = kube.add("hp", uid)
+    assert done.returncode == 0, done.stdout + done.stderr
+    path = f"/api/v1/namespaces/{ns}/pods/hp"
+
+    kube.cluster.merge_patch(
+        path, {"metadata": {"annotations": {"k8s.v1.cni.cncf.io/networks": "net-a,net-b"}}}
+    )
+    assert _status_when(kube, "hp", 3) == [
+        ("default-net", "eth0"),
+        (f"{ns}/net-a", "net1"),
+        (f"{ns}/net-b", "net2"),
+    ]
+    assert kube.node.links(netns) == ["eth0", "lo", "net1", "net2"]
+
+    kube.cluster.merge_patch(
+        path, {"metadata": {"annotations": {"k8s.v1.cni.cncf.io/networks": "net-b"}}}
+    )
+    assert _status_when(kube, "hp", 2) == [("default-net", "eth0"), (f"{ns}/net-b", "net2")]
+    assert kube.node.links(netns) == ["eth0", "lo", "net2"]
+    reasons = [(e["reason"], e["message"]) for e in _events(kube)]
+    assert ("RemovedInterface", f"Remove net1 from {ns}/net-a") in reasons
+    assert any(r == "AddedInterface" and m.startswith("Add net2 [10.97.") for r, m in reasons)

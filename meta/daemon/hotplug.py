@@ -1,0 +1,63 @@
+"""Hot-plug in the daemon: when a running pod's networks annotation changes, its
+containers' secondary networks are attached and detached to match (Engine.sync).
+
+The pod informer calls `pod_changed` on its own thread; the work happens on one worker
+thread, one pod at a time, in the order the changes arrived.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+from meta.config import MetaConfig
+from meta.plugin import MetaPlugin
+from meta.records import RecordStore
+from meta.selection import NETWORKS_ANNOTATION
+from meta.sources.base import Pod
+
+log = logging.getLogger("plexus.hotplug")
+
+
+class HotplugWorker:
+    """Queues pods whose networks annotation changed and syncs their containers."""
+
+    def __init__(self, plugin: MetaPlugin, conf: MetaConfig) -> None:
+        self.plugin = plugin
+        self.conf = conf
+        self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="hotplug", daemon=True)
+
+    def pod_changed(self, old: Pod | None, new: Pod) -> None:
+        """Informer listener: a pod already known whose annotation changed is queued."""
+        if old is not None and old.annotations.get(NETWORKS_ANNOTATION) != new.annotations.get(
+            NETWORKS_ANNOTATION
+        ):
+            self._queue.put((new.namespace, new.name))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish the queued work, then end the worker."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (key := self._queue.get()) is not None:
+            try:
+                self.sync(*key)
+            except Exception:  # one pod's failure must not end hot-plug for the node
+                log.exception("hot-plug failed", extra={"pod": f"{key[0]}/{key[1]}"})
+
+    def sync(self, namespace: str, name: str) -> int:
+        """Sync every container of the pod on this node; how many changed."""
+        changed = 0
+        for record in RecordStore(self.conf.cni_dir).all():
+            if (record.pod_namespace or "default", record.pod_name) != (namespace, name):
+                continue
+            engine = self.plugin.engine_for(self.conf, record.path)
+            if engine.sync(record.container_id):
+                changed += 1
+        return changed
