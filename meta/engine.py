@@ -264,8 +264,11 @@ class Engine:
                 error=str(exc),
             )
             delegates = Resolver(self.conf, None, args.ifname).resolve(None)[:1]
-        log.warning(
-            "no attachment record: deleting the networks resolved from config",
+        # Usual for a repeated DEL (containerd sends one on stop and one on remove); the
+        # DEL still runs so IPs are released if the record was lost (Multus #1087).
+        log.info(
+            "no attachment record (already deleted, or lost): "
+            "deleting the networks resolved from config",
             networks=[d.network for d in delegates],
         )
         return delegates, args.netns
