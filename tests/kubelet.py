@@ -65,17 +65,26 @@ class FakeKubeletPodResources(api_pb2_grpc.PodResourcesListerServicer):
 
 
 @contextmanager
-def serve(socket_path: Path, allocations: Allocations) -> Iterator[FakeKubeletPodResources]:
-    """Run the fake on `socket_path` for the duration of the block."""
-    servicer = FakeKubeletPodResources(allocations)
+def _serving(socket_path: Path, add: Callable[[grpc.Server], None]) -> Iterator[None]:
+    """A gRPC server on `socket_path`, with what `add` registers, for the block."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    api_pb2_grpc.add_PodResourcesListerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    add(server)
     server.add_insecure_port(f"unix://{socket_path}")
     server.start()
     try:
-        yield servicer
+        yield
     finally:
         server.stop(grace=None)
+        socket_path.unlink(missing_ok=True)
+
+
+@contextmanager
+def serve(socket_path: Path, allocations: Allocations) -> Iterator[FakeKubeletPodResources]:
+    """Run the fake PodResources service on `socket_path` for the duration of the block."""
+    servicer = FakeKubeletPodResources(allocations)
+    add = api_pb2_grpc.add_PodResourcesListerServicer_to_server
+    with _serving(socket_path, lambda server: add(servicer, server)):  # type: ignore[no-untyped-call]
+        yield servicer
 
 
 class FakeKubeletRegistration(dp_grpc.RegistrationServicer):
@@ -118,15 +127,9 @@ class FakeKubeletRegistration(dp_grpc.RegistrationServicer):
 def serve_registration(socket_path: Path) -> Iterator[FakeKubeletRegistration]:
     """Run the fake registration service on `socket_path` (the kubelet.sock)."""
     servicer = FakeKubeletRegistration()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    dp_grpc.add_RegistrationServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
-    server.add_insecure_port(f"unix://{socket_path}")
-    server.start()
-    try:
+    add = dp_grpc.add_RegistrationServicer_to_server
+    with _serving(socket_path, lambda server: add(servicer, server)):  # type: ignore[no-untyped-call]
         yield servicer
-    finally:
-        server.stop(grace=None)
-        socket_path.unlink(missing_ok=True)
 
 
 Devices = dict[str, tuple[str, list[int]]]  # ID -> (health, NUMA nodes)
