@@ -1,7 +1,9 @@
 """Fixtures for the cluster tier: one etcd + kube-apiserver per test session.
 
 The control plane starts lazily, on the first test that asks for `cluster`, and the tier
-skips when scripts/build-go-tools.sh has not built the binaries.
+skips when scripts/build-go-tools.sh has not built the binaries. `kubelet_node` adds a
+real node to it (tests/cluster/kubelet.py: kubelet + containerd + the Plexus daemon),
+once per module that asks for it.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.cluster import kubelet
 from tests.cluster.apiserver import TOOLS, Cluster, missing_binaries
 from tests.netns.conftest import node  # noqa: F401  (the daemon tests' node namespace)
 
 _STARTUP_KEY = pytest.StashKey[float]()
+_NODE_STARTUP_KEY = pytest.StashKey[float]()
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +30,21 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     with Cluster.running() as running:
         request.config.stash[_STARTUP_KEY] = running.startup_seconds
         yield running
+
+
+@pytest.fixture(scope="module")
+def kubelet_node(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[kubelet.KubeletNode]:
+    """A Ready node of `cluster`: a real kubelet on containerd with Plexus as its CNI."""
+    missing = kubelet.missing_binaries()
+    if missing:
+        pytest.skip(f"{', '.join(missing)} missing (run make setup)")
+    kn = kubelet.KubeletNode(cluster)
+    try:
+        kn.start()
+        request.config.stash[_NODE_STARTUP_KEY] = kn.startup_seconds
+        yield kn
+    finally:
+        kn.close()
 
 
 @pytest.fixture
@@ -41,4 +60,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if seconds is not None:
         terminalreporter.write_line(
             f"cluster tier: etcd + kube-apiserver ready with the NAD CRD in {seconds:.1f} s"
+        )
+    seconds = terminalreporter.config.stash.get(_NODE_STARTUP_KEY, None)
+    if seconds is not None:
+        terminalreporter.write_line(
+            f"cluster tier: kubelet node (containerd + plexus daemon) Ready in {seconds:.1f} s"
         )

@@ -75,16 +75,6 @@ class Runtime:
         }
 
 
-def _remove_empty_tree(path: Path) -> None:
-    if not path.is_dir():
-        return
-    for sub in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        with contextlib.suppress(OSError):
-            sub.rmdir()
-    with contextlib.suppress(OSError):
-        path.rmdir()
-
-
 @pytest.fixture(scope="package")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
     """A running containerd with Plexus as its only CNI network; everything undone after."""
@@ -131,7 +121,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
             ctrd.unmount_under(root)
             ctrd.remove_cgroups(f"/{network}")
             for path in absent:
-                _remove_empty_tree(path)
+                ctrd.remove_empty_tree(path)
             node.close()
             shutil.rmtree(root, ignore_errors=True)
 

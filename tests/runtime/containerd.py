@@ -309,18 +309,22 @@ def _ppid(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
+def remove_empty_tree(path: Path) -> None:
+    """Remove `path` and the directories below it, if none holds anything else."""
+    if not path.is_dir():
+        return
+    for sub in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        with contextlib.suppress(OSError):
+            sub.rmdir()
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
 def remove_cgroups(parent: str) -> None:
     """Remove `parent` and the cgroups below it from every cgroup hierarchy (they are empty
     once their containers are gone)."""
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
-        top = hierarchy / parent.strip("/")
-        if not top.is_dir():
-            continue
-        for path in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-            with contextlib.suppress(OSError):
-                path.rmdir()
-        with contextlib.suppress(OSError):
-            top.rmdir()
+        remove_empty_tree(hierarchy / parent.strip("/"))
 
 
 def unmount_under(directory: Path) -> None:
