@@ -256,7 +256,8 @@ class Engine:
             )
             return cached, args.netns
         try:
-            delegates = self._resolve(args, self._find_pod(args, log), log, events=False)
+            pod = self._find_pod(args, log, wait=False)
+            delegates = self._resolve(args, pod, log, events=False)
         except CNIError as exc:
             log.warning(
                 "no attachment record and the pod's networks cannot be resolved: "
@@ -344,7 +345,9 @@ class Engine:
                 return False
             if not netns_exists(record.netns):
                 return False
-            pod = self.source.get_pod(record.pod_namespace or "default", record.pod_name)
+            pod = self.source.get_pod(
+                record.pod_namespace or "default", record.pod_name, wait=False
+            )
             if pod is None or (record.pod_uid and pod.uid and pod.uid != record.pod_uid):
                 return False
             log = log.bind(pod=f"{pod.namespace}/{pod.name}")
@@ -538,12 +541,12 @@ class Engine:
     def _pod_expected(self, args: CmdArgs) -> bool:
         return self.source is not None and bool(args.arg("K8S_POD_NAME"))
 
-    def _find_pod(self, args: CmdArgs, log: StepLogger) -> Pod | None:
+    def _find_pod(self, args: CmdArgs, log: StepLogger, wait: bool = True) -> Pod | None:
         namespace, name = args.arg("K8S_POD_NAMESPACE") or "", args.arg("K8S_POD_NAME") or ""
         if self.source is None or not name:
             return None
         with log.step("get pod"):
-            pod = self.source.get_pod(namespace or "default", name)
+            pod = self.source.get_pod(namespace or "default", name, wait)
         uid = args.arg("K8S_POD_UID") or ""
         if pod is not None and uid and pod.uid and uid != pod.uid and not pod.static:
             raise CNIError(

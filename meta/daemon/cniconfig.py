@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from cni.fileio import write_atomic
-from cni.version import parse_version
 from meta.attachments import CONF_SUFFIXES
 from meta.daemon.config import DaemonConfig
 
@@ -46,13 +45,16 @@ def find_primary(net_dir: Path, own_name: str) -> Path | None:
 
 
 def build(primary: dict[str, Any], conf: DaemonConfig) -> dict[str, Any]:
-    """Our conflist: one `plexus` plugin delegating to the primary, capabilities united."""
+    """Our conflist: one `plexus` plugin delegating to the primary, capabilities united.
+
+    Its cniVersion is the primary's: the runtime is known to accept that one (a newer
+    one of our own may be more than its libcni reads), and Plexus speaks every version.
+    """
     plugins = primary.get("plugins", [primary])
     capabilities = sorted(
         {cap for p in plugins for cap, on in (p.get("capabilities") or {}).items() if on is True}
     )
-    primary_version = str(primary.get("cniVersion", "0.1.0"))
-    version = max(primary_version, conf.cni_version, key=parse_version)
+    version = str(primary.get("cniVersion", "0.1.0"))
     settings = {
         key: value
         for key, value in conf.model_dump(by_alias=True, exclude_defaults=True).items()

@@ -50,8 +50,13 @@ class ClusterSource(Protocol):
     Failures are raised as CNIError; an object that does not exist is None, not an error.
     """
 
-    def get_pod(self, namespace: str, name: str) -> Pod | None:
-        """The pod, or None if there is no such pod."""
+    def get_pod(self, namespace: str, name: str, wait: bool = True) -> Pod | None:
+        """The pod, or None if there is no such pod.
+
+        `wait`: a pod just created may not have reached a cache yet; a source with one
+        waits a little for it. DEL and hot-plug look up pods that exist or are gone, and
+        pass False.
+        """
         ...
 
     def get_nad(self, namespace: str, name: str) -> NetworkAttachmentDefinition | None:

@@ -181,8 +181,10 @@ class KubeSource:
 
     # ---- reads ---------------------------------------------------------------
 
-    def get_pod(self, namespace: str, name: str) -> Pod | None:
+    def get_pod(self, namespace: str, name: str, wait: bool = True) -> Pod | None:
         if self.pods is not None:
+            if not wait and self.pods.synced.is_set():
+                return self.pods.get(namespace, name)  # the synced cache is the answer
             deadline = time.monotonic() + POD_WAIT_SECONDS
             while time.monotonic() < deadline:
                 pod = self.pods.get(namespace, name)

@@ -91,7 +91,7 @@ class EmbeddedStore(ClusterSource):
         # Parsed files by path, reused while (mtime, size) is unchanged: a daemon asks often.
         self._parsed: dict[Path, tuple[tuple[int, int], dict[str, Any] | None]] = {}
 
-    def get_pod(self, namespace: str, name: str) -> Pod | None:
+    def get_pod(self, namespace: str, name: str, wait: bool = True) -> Pod | None:
         found = self._find(_POD, namespace, name)
         if found is None:
             return None

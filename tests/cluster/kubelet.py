@@ -414,9 +414,8 @@ class KubeletNode:
 
     def daemon_settings(self) -> Json:
         return {
-            # containerd 1.6's libcni reads results up to CNI 1.0.0; the generated
-            # conflist takes the higher of the primary's version and ours.
-            "cniVersion": "1.0.0",
+            # Node.meta()'s cniVersion is 1.1.0, which containerd 1.6's libcni cannot read;
+            # the generated conflist takes the primary's version (1.0.0), which it can.
             "clusterDir": "",
             "kubeconfig": str(self.cluster.kubeconfig),
             "cniConfigDir": str(self.net_dir),

@@ -262,3 +262,23 @@ def test_annotation_change_hot_plugs_networks(kube: KubeNode) -> None:
     reasons = [(e["reason"], e["message"]) for e in _events(kube)]
     assert ("RemovedInterface", f"Remove net1 from {ns}/net-a") in reasons
     assert any(r == "AddedInterface" and m.startswith("Add net2 [10.97.") for r, m in reasons)
+
+
+def test_repeated_del_of_a_deleted_pod_asks_the_api_nothing(kube: KubeNode) -> None:
+    kube.nad("macvlan-net", kube.node.macvlan_conf())
+    uid = kube.pod("gone", "macvlan-net")
+    time.sleep(0.5)  # let the watch deliver the new pod
+    netns, done = kube.add("gone", uid)
+    assert done.returncode == 0, done.stdout + done.stderr
+    kube.cluster.request("DELETE", f"/api/v1/namespaces/{kube.namespace}/pods/gone")
+    time.sleep(0.5)  # and its deletion
+    for _ in range(2):  # containerd's DEL on stop, then again on remove (no record left)
+        before = len(audit_events(kube.cluster.audit_log, "plexus/"))
+        deleted = kube.node.cni(
+            "DEL", netns=netns, cid="c-gone", pod="gone", uid=uid, namespace=kube.namespace,
+            conf=kube.conf(),
+        )  # fmt: skip
+        assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+        requests = audit_events(kube.cluster.audit_log, "plexus/")[before:]
+        assert [e["verb"] for e in requests] == []
+    assert kube.node.links(netns) == ["lo"] and kube.node.reserved_ips() == []

@@ -225,8 +225,8 @@ def test_cni_config_is_generated_watched_and_removed(node: Node) -> None:
     }
     (net_d / "10-primary.conflist").write_text(json.dumps(primary))
     indicator = node.root / "ready-flag"
-    d = Daemon(
-        node, cniConfigDir=str(net_d), readinessindicatorfile=str(indicator), cniVersion="0.4.0"
+    d = Daemon(  # our own cniVersion (1.1.0) is newer than the primary's: not used
+        node, cniConfigDir=str(net_d), readinessindicatorfile=str(indicator), cniVersion="1.1.0"
     )
     d.start()
     try:
