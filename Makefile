@@ -38,3 +38,4 @@ lint: setup
 	$(VENV)/bin/ruff check cni meta delegates deviceplugin tests
 	$(VENV)/bin/ruff format --check cni meta delegates deviceplugin tests
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --strict tests

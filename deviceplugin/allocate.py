@@ -7,11 +7,15 @@
 - DeviceSpecs for userspace drivers (vfio: the container and group nodes, uio: its node),
   and for `needVhostNet` `/dev/vhost-net` and `/dev/net/tun`;
 - one device-info file per device (`cni.deviceinfo`), for the meta-plugin to report.
+  `DeviceInfoFiles` writes them as devices enter the pool, so Allocate finds them
+  current (a read) instead of creating files on the pod's start-up path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +25,8 @@ from cni import deviceinfo
 from deviceplugin.config import ResourceConfig
 from deviceplugin.kubelet import deviceplugin_pb2 as pb
 from deviceplugin.sysfs import PciNetDevice
+
+log = logging.getLogger("plexus.deviceplugin")
 
 VFIO_DRIVERS = frozenset({"vfio-pci"})
 UIO_DRIVERS = frozenset({"igb_uio", "uio_pci_generic"})
@@ -80,6 +86,41 @@ def device_info(dev: PciNetDevice) -> dict[str, Any]:
     if dev.rdma:
         pci["rdma-device"] = ",".join(dev.rdma)
     return {"type": "pci", "version": deviceinfo.SPEC_VERSION, "pci": pci}
+
+
+class DeviceInfoFiles:
+    """One resource's device-info files, kept in step with its pool; removed on `clear`."""
+
+    def __init__(self, resource: str, directory: str) -> None:
+        self.resource = resource
+        self.directory = directory
+        self._written: dict[str, dict[str, Any]] = {}
+
+    def sync(self, pool: Mapping[str, PciNetDevice]) -> None:
+        """Write the files of new or changed devices, remove those of departed ones."""
+        for device_id in set(self._written) - set(pool):
+            self._remove(device_id)
+        for device_id, dev in pool.items():
+            info = device_info(dev)
+            if self._written.get(device_id) != info:
+                try:
+                    deviceinfo.write(self._path(device_id), info)
+                except OSError as exc:  # Allocate writes it again, or says why it cannot
+                    log.warning("device-info file for %s not written: %s", device_id, exc)
+                    continue
+                self._written[device_id] = info
+
+    def clear(self) -> None:
+        for device_id in list(self._written):
+            self._remove(device_id)
+
+    def _path(self, device_id: str) -> Path:
+        return deviceinfo.dp_path(self.directory, self.resource, device_id)
+
+    def _remove(self, device_id: str) -> None:
+        self._written.pop(device_id, None)
+        with contextlib.suppress(OSError):
+            self._path(device_id).unlink(missing_ok=True)
 
 
 def container_response(

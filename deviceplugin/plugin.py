@@ -117,7 +117,7 @@ class DevicePluginRunner:
             if monitor is not None:
                 monitor.stop()
             for server in self.servers:
-                server.stop()
+                server.close()
 
     def _keep_registered(self) -> None:
         """Legacy mode: re-serve and re-register after a kubelet restart."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 
 from cni import deviceinfo
-from deviceplugin.allocate import AllocationError, container_response
+from deviceplugin.allocate import AllocationError, DeviceInfoFiles, container_response
 from deviceplugin.config import ResourceConfig
 from deviceplugin.kubelet import deviceplugin_pb2 as pb
 from deviceplugin.kubelet import deviceplugin_pb2_grpc as pb_grpc
@@ -61,6 +61,7 @@ class ResourceServer(pb_grpc.DevicePluginServicer, reg_grpc.RegistrationServicer
         self._version = 0
         self._stopping = False
         self._server: grpc.Server | None = None
+        self._files = DeviceInfoFiles(resource.full_name, paths.devinfo_dir)
         self.registered = threading.Event()  # set when the plugin watcher reports success
 
     @property
@@ -72,6 +73,7 @@ class ResourceServer(pb_grpc.DevicePluginServicer, reg_grpc.RegistrationServicer
     def update(self, pool: Mapping[str, PciNetDevice], health: Mapping[str, bool]) -> bool:
         """Replace the pool; True (and streams notified) if what ListAndWatch shows changed."""
         devices = [self._device(dev, health.get(dev_id, False)) for dev_id, dev in pool.items()]
+        self._files.sync(pool)
         with self._cond:
             self._pool = dict(pool)
             if devices == self._devices:
@@ -130,6 +132,11 @@ class ResourceServer(pb_grpc.DevicePluginServicer, reg_grpc.RegistrationServicer
             self._server.stop(grace=1.0).wait()
             self._server = None
         self.socket_path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Stop, and remove the resource's device-info files (the plugin is going away)."""
+        self.stop()
+        self._files.clear()
 
     # -- DevicePlugin -----------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -248,26 +249,22 @@ def measure(runs: int, extras_list: list[int]) -> list[dict[str, Any]]:
     try:
         for extras in extras_list:
             bench.start_daemon(extras)
+            shim, thin = str(bench.bin / "plexus"), str(bench.bin / "plexus-thin")
+            sockets = str(root / "run")
             contenders: dict[str, Callable[[], float]] = {
-                "raw default only": lambda: raw_add(bench, 0),
-                "raw delegates": lambda e=extras: raw_add(bench, e),
-                "plexus default only": lambda: one_add(
-                    bench,
-                    str(bench.bin / "plexus"),
-                    bench.meta("plexus", 0, socketDir=str(root / "run")),
+                "raw default only": partial(raw_add, bench, 0),
+                "raw delegates": partial(raw_add, bench, extras),
+                "plexus default only": partial(
+                    one_add, bench, shim, bench.meta("plexus", 0, socketDir=sockets)
                 ),
-                "plexus shim+daemon": lambda e=extras: one_add(
-                    bench,
-                    str(bench.bin / "plexus"),
-                    bench.meta("plexus", e, socketDir=str(root / "run")),
+                "plexus shim+daemon": partial(
+                    one_add, bench, shim, bench.meta("plexus", extras, socketDir=sockets)
                 ),
-                "plexus thin": lambda e=extras: one_add(
-                    bench, str(bench.bin / "plexus-thin"), bench.meta("plexus", e)
-                ),
+                "plexus thin": partial(one_add, bench, thin, bench.meta("plexus", extras)),
             }
             if (bench.bin / "multus").exists():
-                contenders["multus thin"] = lambda e=extras: one_add(
-                    bench, str(bench.bin / "multus"), bench.meta("multus", e)
+                contenders["multus thin"] = partial(
+                    one_add, bench, str(bench.bin / "multus"), bench.meta("multus", extras)
                 )
             samples: dict[str, list[float]] = {name: [] for name in contenders}
             samples["exec baseline"] = []

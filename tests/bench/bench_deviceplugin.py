@@ -2,8 +2,8 @@
 
 - discovery: a full rescan (sysfs walk, selectors, health) of a FAKE sysfs tree shaped
   like a big SR-IOV host (the host has no SR-IOV): `--pfs` PFs with `--vfs` VFs each;
-- Allocate: the kubelet's call over the plugin's unix socket, one device and eight,
-  each a first allocation (its device-info file is written, not found current);
+- Allocate: the kubelet's call over the plugin's unix socket, one device and eight
+  (device-info files are written when devices enter the pool; Allocate checks them);
 - health: `ip link set <pf> down` to the Unhealthy update on ListAndWatch, for the
   plugin process in a node namespace whose fake PF netdev is a real veth (the kernel
   event path of tests/netns/test_deviceplugin.py).
@@ -78,8 +78,6 @@ def discovery_and_allocate(work: Path, runs: int, pfs: int, vfs: int) -> dict[st
                     request = pb.AllocateRequest(
                         container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]
                     )
-                    for old in (work / "devinfo" / "dp").glob("*"):  # a first Allocate
-                        old.unlink()
                     start = time.perf_counter()
                     stub.Allocate(request, timeout=10)
                     out.append(_ms(start))

@@ -78,7 +78,7 @@ def test_two_pods_reach_each_other_on_both_networks(node: Node) -> None:
 def test_pod_missing_from_store_gets_an_empty_result(node: Node) -> None:
     netns = node.pod_netns()
     result = node.ok("ADD", netns=netns, cid="c-ghost", pod="ghost")
-    assert result == {"cniVersion": "1.1.0"} or not result.get("interfaces")
+    assert result is not None and not result.get("interfaces")
     assert node.links(netns) == ["lo"]
 
 

@@ -215,7 +215,7 @@ def test_hundred_concurrent_adds_through_the_shim(node: Node, daemon: Daemon) ->
 def test_cni_config_is_generated_watched_and_removed(node: Node) -> None:
     net_d = node.root / "net.d"
     net_d.mkdir()
-    primary = {
+    primary: dict[str, Any] = {
         "cniVersion": "1.0.0",
         "name": "primary",
         "plugins": [

@@ -11,11 +11,13 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from ipaddress import ip_address, ip_interface, ip_network
 from typing import TypeVar
 
 import pytest
 
+from cni.result import IPInterface
 from delegates import link
 from delegates.netns import run_in_netns
 from delegates.rtnl import Rtnl
@@ -114,7 +116,7 @@ def test_missing_links_and_kernel_errors(pair: Pair) -> None:
 def test_addresses_and_routes(pair: Pair) -> None:
     pair.macvlan()
 
-    def configure(nl: Rtnl) -> tuple[list[tuple[object, int]], list[link.RouteEntry]]:
+    def configure(nl: Rtnl) -> tuple[list[tuple[IPInterface, int]], list[link.RouteEntry]]:
         dev = link.find_link(nl, "plxtest")
         assert dev is not None
         link.set_link(nl, dev.index, up=True)
@@ -159,7 +161,7 @@ def test_multipath_routes_give_one_entry_per_hop(pair: Pair) -> None:
     )  # fmt: skip
     got = pair.in_host(lambda nl: link.routes(nl, socket.AF_INET))
     hops = {(str(r.gw), r.oif) for r in got if r.dst == ip_network("10.7.0.0/16")}
-    up0, up1 = (pair.in_host(lambda nl, n=n: link.find_link(nl, n)) for n in ("up0", "up1"))
+    up0, up1 = (pair.in_host(partial(link.find_link, name=n)) for n in ("up0", "up1"))
     assert up0 is not None and up1 is not None
     assert hops == {("10.5.0.2", up0.index), ("10.6.0.2", up1.index)}
 

@@ -301,8 +301,9 @@ def test_plugin_calls_are_logged(
     with caplog.at_level(logging.INFO, logger="plexus.cni"):
         runtime.add(load({"cniVersion": "1.0.0", "name": "n", "type": "recorder"}), rt())
     (record,) = [r for r in caplog.records if hasattr(r, "ms")]
-    assert (record.plugin, record.network) == ("recorder", "n")  # type: ignore[attr-defined]
-    assert record.ms >= 0  # type: ignore[attr-defined]
+    fields = vars(record)
+    assert (fields["plugin"], fields["network"]) == ("recorder", "n")
+    assert fields["ms"] >= 0
 
 
 _SKEL_PLUGIN = f"""\

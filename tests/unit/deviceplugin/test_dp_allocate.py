@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cni.deviceinfo import dp_path
-from deviceplugin.allocate import AllocationError, container_response, env_name
+from deviceplugin.allocate import AllocationError, DeviceInfoFiles, container_response, env_name
 from deviceplugin.config import ResourceConfig
 from deviceplugin.preferred import preferred_allocation
 from deviceplugin.sysfs import PciNetDevice, discover
@@ -164,3 +164,19 @@ def test_preferred_allocation(
     expected: list[str],
 ) -> None:
     assert preferred_allocation(available, must, size, pool) == expected
+
+
+def test_device_info_files_follow_the_pool(pool: dict[str, PciNetDevice], tmp_path: Path) -> None:
+    files = DeviceInfoFiles("intel.com/sriov_a", str(tmp_path))
+
+    def written() -> list[str]:
+        return sorted(p.name for p in (tmp_path / "dp").iterdir())
+
+    files.sync({a: pool[a] for a in VF0[:2]})
+    assert written() == [f"intel.com-sriov_a-{a}-device.json" for a in VF0[:2]]
+    path = dp_path(str(tmp_path), "intel.com/sriov_a", VF0[1])
+    inode = path.stat().st_ino
+    files.sync({VF0[1]: pool[VF0[1]]})  # VF0[0] left the pool; VF0[1] is unchanged
+    assert written() == [path.name] and path.stat().st_ino == inode
+    files.clear()
+    assert written() == []

@@ -219,6 +219,7 @@ def test_watcher_mode_serves_registration_on_the_plugin_socket(
         with plugin_stub(socket) as stub:
             assert set(devices(next(stub.ListAndWatch(pb.Empty(), timeout=10)))) == set(VF0)
     assert os.listdir(plugins) == [] and os.listdir(registry) == []  # sockets removed
+    assert os.listdir(plugins.parent / "devinfo" / "dp") == []  # and device-info files
 
 
 def test_a_socket_path_too_long_is_a_clear_error(host: FakeSysfs, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from meta.config import load_meta_config
 
 
 def _conf(**extra: object) -> bytes:
-    base = {
+    base: dict[str, object] = {
         "cniVersion": "1.1.0",
         "name": "plexus",
         "type": "plexus",
