@@ -93,6 +93,18 @@ def test_list_allocate_and_health_on_real_vfs(
         info = json.loads((devinfo / "dp" / f"intel.com-igb_vf-{pcis[0]}-device.json").read_text())
         assert info["pci"] == {"pci-address": pcis[0], "pf-pci-address": igb_pf.pci}
 
+        pref = stub.GetPreferredAllocation(
+            pb.PreferredAllocationRequest(
+                container_requests=[
+                    pb.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=pcis, must_include_deviceIDs=pcis[1:], allocation_size=2
+                    )
+                ]
+            ),
+            timeout=10,
+        )
+        assert list(pref.container_responses[0].deviceIDs) == [pcis[1], pcis[0]]
+
         # the PF's link goes down: every VF turns Unhealthy, then back
         started = time.monotonic()
         sh("ip", "link", "set", igb_pf.netdev, "down")
