@@ -167,6 +167,11 @@ def find_link(nl: Rtnl, name: str = "", index: int = 0) -> Link | None:
     return parse_link(msgs[0]) if msgs else None
 
 
+def links(nl: Rtnl) -> list[Link]:
+    """Every link in the namespace."""
+    return [parse_link(msg) for msg in nl.dump(RTM_GETLINK, _ifinfo())]
+
+
 def default_route_link(nl: Rtnl) -> str:
     """The interface of the first default route in the main table (IPv4 first)."""
     for family in (socket.AF_INET, socket.AF_INET6):
@@ -204,11 +209,25 @@ def create_child(
     nl.request(RTM_NEWLINK, body, NLM_F_CREATE | NLM_F_EXCL)
 
 
-def set_link(nl: Rtnl, index: int, *, name: str = "", up: bool = False) -> None:
-    """Rename and/or bring up link `index` in one message (the rename happens first)."""
-    body = _ifinfo(index, IFF_UP, IFF_UP) if up else _ifinfo(index)
+def set_link(
+    nl: Rtnl,
+    index: int,
+    *,
+    name: str = "",
+    up: bool | None = None,
+    mac: str = "",
+    netns_fd: int | None = None,
+) -> None:
+    """Change link `index` in one message: rename, MAC, move to the namespace `netns_fd`,
+    then set it up or down (`None` leaves its state). The kernel renames before it
+    changes flags, so rename and up go together; a rename needs the link down already."""
+    body = _ifinfo(index, IFF_UP if up else 0, 0 if up is None else IFF_UP)
     if name:
         body += attr_str(IFLA_IFNAME, name)
+    if mac:
+        body += attr(IFLA_ADDRESS, bytes.fromhex(mac.replace(":", "")))
+    if netns_fd is not None:
+        body += attr_u32(IFLA_NET_NS_FD, netns_fd)
     nl.request(RTM_NEWLINK, body)
 
 

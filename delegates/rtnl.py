@@ -133,14 +133,14 @@ class Rtnl:
                     continue
                 yield msg
 
-    def __getattr__(self, name: str) -> Any:
-        """pyroute2's IPRoute API (e.g. `link("set", vf=...)`) for what this class lacks."""
-        if name.startswith("_"):
-            raise AttributeError(name)
+    @property
+    def iproute(self) -> Any:
+        """pyroute2's IPRoute in this namespace, for what this class does not build (SR-IOV
+        VF attributes, altnames); opened on first use, on the socket's thread."""
         if self._iproute is None:
             if threading.get_ident() != self._thread:
                 raise RuntimeError("Rtnl: pyroute2 fallback opened off the socket's thread")
             from pyroute2 import IPRoute
 
             self._iproute = IPRoute(groups=0)
-        return getattr(self._iproute, name)
+        return self._iproute

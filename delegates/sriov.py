@@ -32,7 +32,7 @@ from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
 from cni.result import DNS, Interface, Result
 from delegates import ipconfig
-from delegates.link import describe, fail, find_link, netlink, netns_fd, temp_name
+from delegates.link import describe, fail, find_link, netlink, netns_fd, set_link, temp_name
 from delegates.macvlan import parse_mac
 from delegates.netns import NetnsGone, run_in_netns
 from delegates.sublink import decode_conf, parse_prev_result
@@ -264,10 +264,10 @@ class SriovPlugin:
             if link is None:
                 raise fail(f"VF netdev {vf.netdev} disappeared")
             try:
-                ipr.link("set", index=link.index, state="down")
-                ipr.link("set", index=link.index, ifname=tmp)
+                set_link(ipr, link.index, up=False)
+                set_link(ipr, link.index, name=tmp)
                 with netns_fd(args.netns) as fd:
-                    ipr.link("set", index=link.index, net_ns_fd=fd)
+                    set_link(ipr, link.index, netns_fd=fd)
             except CNIError:
                 raise
             except Exception as exc:
@@ -297,8 +297,8 @@ class SriovPlugin:
                 except Exception as exc:
                     errors.append(f"netdev mac: {describe(exc)}")
             if link is not None and record["netdev_up"]:
-                with contextlib.suppress(Exception):
-                    ipr.link("set", index=link.index, state="up")
+                with contextlib.suppress(OSError):
+                    set_link(ipr, link.index, up=True)
         if errors:
             raise fail(f"failed to restore VF {record['pci']}: {'; '.join(errors)}")
 
@@ -387,12 +387,12 @@ def _configure(tmp: str, conf: SriovConf, args: CmdArgs, ipc: Result | None) -> 
             raise fail(f"VF netdev {tmp} not found in the pod")
         step = f'rename it to "{args.ifname}"'
         try:
-            ipr.link("set", index=link.index, ifname=args.ifname)
+            set_link(ipr, link.index, name=args.ifname)
             if conf.mac:
                 step = f"set mac {conf.mac}"
                 set_netdev_mac(ipr, link.index, conf.mac)
             step = "bring it up"
-            ipr.link("set", index=link.index, state="up")
+            set_link(ipr, link.index, up=True)
         except Exception as exc:
             raise fail(f"failed to {step} (VF netdev {tmp}): {describe(exc)}") from None
         link = find_link(ipr, index=link.index) or link
@@ -406,9 +406,9 @@ def _send_home(names: tuple[str, ...], home: int) -> None:
         if link is None:
             return
         try:
-            ipr.link("set", index=link.index, state="down")
-            ipr.link("set", index=link.index, ifname=temp_name())
-            ipr.link("set", index=link.index, net_ns_fd=home)
+            set_link(ipr, link.index, up=False)
+            set_link(ipr, link.index, name=temp_name())
+            set_link(ipr, link.index, netns_fd=home)
         except Exception as exc:
             raise fail(f"failed to move {link.name} back to the host: {describe(exc)}") from None
 

@@ -1,7 +1,8 @@
 """SR-IOV VFs for the sriov plugin: sysfs lookup, PF-side settings, lock and saved state.
 
 `find_vf` reads sysfs (its root is a parameter, so unit tests can point it at a fake
-tree); the netlink helpers take an open pyroute2 `IPRoute` in the namespace they act in.
+tree); the netlink helpers take an open `Rtnl` in the namespace they act in (VF attributes and
+altnames through its pyroute2 `iproute`).
 VF settings are keyed by the names the plugin reports in errors: mac, vlan (vlan, qos,
 proto), spoofchk, trust, link_state and rate (min, max in Mbps). The per-VF lock file and
 the saved state (one JSON file per attachment) live in the plugin's data dir.
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from delegates.link import describe, errno_of, fail, find_link
+from delegates.link import describe, errno_of, fail, find_link, set_link
+from delegates.rtnl import Rtnl
 
 log = logging.getLogger("plexus.delegates")
 
@@ -90,9 +92,9 @@ def find_vf(pci: str, root: str | Path = "/sys", *, require_netdev: bool = True)
     return vf
 
 
-def read_settings(ipr: Any, pf_index: int, vf: int) -> dict[str, Any]:
+def read_settings(ipr: Rtnl, pf_index: int, vf: int) -> dict[str, Any]:
     """The PF's view of VF `vf` (IFLA_VFINFO_LIST), as JSON-able values."""
-    msg = ipr.link("get", index=pf_index, ext_mask=RTEXT_FILTER_VF)[0]
+    msg = ipr.iproute.link("get", index=pf_index, ext_mask=RTEXT_FILTER_VF)[0]
     vflist = msg.get_attr("IFLA_VFINFO_LIST")
     for info in vflist.get_attrs("IFLA_VF_INFO") if vflist is not None else ():
         mac = info.get_attr("IFLA_VF_MAC")
@@ -121,7 +123,7 @@ def _flag(info: Any, attr: str, key: str) -> int:
     return int(value[key]) if value is not None else 0
 
 
-def set_setting(ipr: Any, pf_index: int, vf: int, key: str, value: Any) -> None:
+def set_setting(ipr: Rtnl, pf_index: int, vf: int, key: str, value: Any) -> None:
     """Set one VF setting through the PF; raises the kernel error unchanged."""
     spec: dict[str, Any] = {"vf": vf}
     if key == "vlan":
@@ -136,11 +138,11 @@ def set_setting(ipr: Any, pf_index: int, vf: int, key: str, value: Any) -> None:
         spec[key] = value
     else:
         raise ValueError(f"unknown VF setting {key}")
-    ipr.link("set", index=pf_index, vf=spec)
+    ipr.iproute.link("set", index=pf_index, vf=spec)
 
 
 def apply_settings(
-    ipr: Any, pf_index: int, vf: int, want: dict[str, Any], saved: dict[str, Any], labels: Any
+    ipr: Rtnl, pf_index: int, vf: int, want: dict[str, Any], saved: dict[str, Any], labels: Any
 ) -> None:
     """Apply `want` in order; on a refusal, put back what was applied and fail naming it.
 
@@ -160,7 +162,7 @@ def apply_settings(
         done.append(key)
 
 
-def restore_settings(ipr: Any, pf_index: int, vf: int, saved: dict[str, Any]) -> list[str]:
+def restore_settings(ipr: Rtnl, pf_index: int, vf: int, saved: dict[str, Any]) -> list[str]:
     """Put back each saved setting; best effort, returns the errors."""
     errors = []
     for key, value in saved.items():
@@ -171,7 +173,7 @@ def restore_settings(ipr: Any, pf_index: int, vf: int, saved: dict[str, Any]) ->
     return errors
 
 
-def set_netdev_mac(ipr: Any, index: int, mac: str) -> None:
+def set_netdev_mac(ipr: Rtnl, index: int, mac: str) -> None:
     """Give the VF netdev `mac`; call it with the link down (the fallback leaves it down).
 
     A PF refuses a VF's own MAC change once it set the VF's MAC administratively (igb:
@@ -182,30 +184,30 @@ def set_netdev_mac(ipr: Any, index: int, mac: str) -> None:
     if link is None or link.mac == mac:
         return
     try:
-        ipr.link("set", index=index, address=mac)
+        set_link(ipr, index, mac=mac)
         return
     except Exception as exc:
         if errno_of(exc) != errno.EADDRNOTAVAIL:
             raise
         refused = exc
-    ipr.link("set", index=index, state="up")
-    ipr.link("set", index=index, state="down")
+    set_link(ipr, index, up=True)
+    set_link(ipr, index, up=False)
     link = find_link(ipr, index=index)
     if link is None or link.mac != mac:
         raise refused
 
 
-def rename(ipr: Any, index: int, name: str) -> None:
+def rename(ipr: Rtnl, index: int, name: str) -> None:
     """Down and rename; udev may have given the link its old name as an altname meanwhile."""
-    ipr.link("set", index=index, state="down")
+    set_link(ipr, index, up=False)
     try:
-        ipr.link("set", index=index, ifname=name)
+        set_link(ipr, index, name=name)
     except Exception as exc:
         holder = find_link(ipr, name) if errno_of(exc) == errno.EEXIST else None
         if holder is None or holder.index != index:
             raise
-        ipr.link("property_del", index=index, altname=name)
-        ipr.link("set", index=index, ifname=name)
+        ipr.iproute.link("property_del", index=index, altname=name)
+        set_link(ipr, index, name=name)
 
 
 # -- the per-VF lock and the saved state -------------------------------------------------

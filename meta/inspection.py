@@ -15,6 +15,7 @@ from typing import Any
 
 from cni.cache import CacheEntry, ResultCache
 from cni.errors import CNIError
+from delegates.link import addresses, links, netlink
 from delegates.netns import netns_exists, run_in_netns
 from meta.config import MetaConfig
 from meta.delegate import Delegate
@@ -60,17 +61,10 @@ class NodeReport:
 
 def _live_addresses(netns: str) -> Live:
     def read() -> Live:
-        from pyroute2 import IPRoute
-
-        with IPRoute() as ipr:
-            names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
-            live: Live = {name: [] for name in names.values()}
-            for addr in ipr.get_addr():
-                ip = addr.get_attr("IFA_ADDRESS")
-                name = names.get(addr["index"])
-                if name is not None and ip:
-                    live[name].append(f"{ip}/{addr['prefixlen']}")
-        return live
+        with netlink() as nl:
+            return {
+                found.name: [str(ip) for ip, _ in addresses(nl, found.index)] for found in links(nl)
+            }
 
     return run_in_netns(netns, read)
 

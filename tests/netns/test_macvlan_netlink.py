@@ -166,9 +166,9 @@ def test_multipath_routes_give_one_entry_per_hop(pair: Pair) -> None:
     assert hops == {("10.5.0.2", up0.index), ("10.6.0.2", up1.index)}
 
 
-def test_other_requests_fall_through_to_pyroute2_on_the_same_thread(pair: Pair) -> None:
+def test_pyroute2_fallback_is_in_the_namespace_and_on_the_same_thread(pair: Pair) -> None:
     def lo_name(nl: Rtnl) -> str:
-        return str(nl.link("get", index=1)[0].get_attr("IFLA_IFNAME"))
+        return str(nl.iproute.link("get", index=1)[0].get_attr("IFLA_IFNAME"))
 
     assert pair.in_pod(lo_name) == "lo"
 
@@ -177,7 +177,7 @@ def test_other_requests_fall_through_to_pyroute2_on_the_same_thread(pair: Pair) 
 
         def use() -> None:
             try:
-                nl.link("get", index=1)
+                nl.iproute.link("get", index=1)
             except RuntimeError as exc:
                 box.append(exc)
 

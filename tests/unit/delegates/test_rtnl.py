@@ -98,6 +98,18 @@ def test_set_link_renames_and_brings_up_in_one_message() -> None:
     assert get_str(parse_attrs(plain, link.IFINFO.size), link.IFLA_IFNAME) == "net2"
 
 
+def test_set_link_down_mac_and_namespace() -> None:
+    nl = Recorder()
+    link.set_link(nl, 7, up=False)
+    link.set_link(nl, 7, mac="02:00:00:00:00:01", netns_fd=9)
+    (_, down, _), (_, moved, _) = nl.sent
+    assert link.IFINFO.unpack_from(down)[2:] == (7, 0, link.IFF_UP)
+    assert link.IFINFO.unpack_from(moved)[2:] == (7, 0, 0)
+    attrs = parse_attrs(moved, link.IFINFO.size)
+    assert attrs[link.IFLA_ADDRESS] == bytes.fromhex("020000000001")
+    assert get_u32(attrs, link.IFLA_NET_NS_FD) == 9
+
+
 def test_addresses_get_local_and_broadcast_only_for_ipv4() -> None:
     nl = Recorder()
     link.add_address(nl, 5, ip_interface("10.1.2.3/24"))

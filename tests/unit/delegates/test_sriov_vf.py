@@ -10,6 +10,7 @@ import pytest
 
 from cni.errors import CNIError
 from delegates.link import PLUGIN_ERROR
+from delegates.rtnl import Rtnl
 from delegates.vf import ETH_P_8021AD, apply_settings, find_vf, netdev_of, vf_lock
 
 PF = "0000:01:00.0"
@@ -89,12 +90,17 @@ def test_pf_without_netdev(fake_sysfs: Path) -> None:
         find_vf(VF_NET, fake_sysfs)
 
 
-class FakePf:
-    """Records `link("set", vf=...)` calls; refuses the settings in `refuse` (EINVAL)."""
+class FakePf(Rtnl):
+    """A FAKE PF (no socket): records `iproute.link("set", vf=...)` calls and refuses the
+    settings in `refuse` (EINVAL)."""
 
-    def __init__(self, refuse: set[str]) -> None:
+    def __init__(self, refuse: set[str]) -> None:  # no socket: no super()
         self.refuse = refuse
         self.calls: list[dict[str, Any]] = []
+
+    @property
+    def iproute(self) -> FakePf:
+        return self
 
     def link(self, command: str, **spec: Any) -> None:
         assert command == "set" and spec["index"] == 7
