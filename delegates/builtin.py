@@ -3,9 +3,9 @@
 `BuiltinExecutor` hosts the plugin types in HOSTED (macvlan, ipvlan, sriov): for those it
 parses the CNI_* environment and stdin exactly as the plugin binary would and calls
 cni.skel.dispatch in this process, which saves the fork/exec and interpreter start of
-a binary (and pyroute2 is imported once per process, not per call). Types listed in
-`exec_types`, and any type it does not host, go to the fallback executor
-(cni.invoke.ExecExecutor by default), which finds the binary in CNI_PATH.
+a binary. Types listed in `exec_types`, and any type it does not host, go to the
+fallback executor (cni.invoke.ExecExecutor by default), which finds the binary in
+CNI_PATH.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Each helper takes an open `Rtnl` (delegates.rtnl) bound to the namespace it should act
 in: open it with `netlink()` on a thread that is already in that namespace, e.g. inside
-`delegates.netns.run_in_netns`. The messages are the ones pyroute2 sent before (same
-flags and attributes), built here with struct. Kernel errors surface as OSError; the
+`delegates.netns.run_in_netns`. The messages carry the flags and attributes iproute2
+and vishvananda/netlink send, built here with struct. Kernel errors surface as OSError; the
 helpers that wrap them raise CNIError(PLUGIN_ERROR), the code the reference plugins
 report for their own failures.
 """
@@ -28,6 +28,7 @@ from delegates.rtnl import (
     NLM_F_APPEND,
     NLM_F_CREATE,
     NLM_F_EXCL,
+    NLM_F_REPLACE,
     Rtnl,
     attr,
     attr_str,
@@ -50,15 +51,17 @@ RTPROT_BOOT = 3  # what vishvananda/netlink (and so the reference plugins) stamp
 RTN_UNICAST = 1
 
 # rtnetlink message types, headers and attributes (linux/rtnetlink.h, if_link.h, if_addr.h)
-RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
+RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_DELLINKPROP = 16, 17, 18, 109
 RTM_NEWADDR, RTM_GETADDR = 20, 22
-RTM_NEWROUTE, RTM_GETROUTE = 24, 26
+RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
 IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefixlen, flags, scope, index
 RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg: family, dst_len, src_len, tos, table, proto,
 #                                      scope, type, flags
 NEXTHOP = struct.Struct("=HBBi")  # rtnexthop: len, flags, hops, ifindex
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINK, IFLA_LINKINFO, IFLA_NET_NS_FD = 1, 3, 4, 5, 18, 28
+IFLA_PROP_LIST, IFLA_ALT_IFNAME = 52, 53
+NLA_F_NESTED = 0x8000
 IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
 IFLA_MACVLAN_MODE = IFLA_IPVLAN_MODE = 1  # u32 for macvlan, u16 for ipvlan
 IFA_ADDRESS, IFA_LOCAL, IFA_BROADCAST, IFA_FLAGS = 1, 2, 4, 8
@@ -74,11 +77,8 @@ def fail(msg: str, details: str = "") -> CNIError:
 
 
 def errno_of(exc: BaseException) -> int | None:
-    """The errno behind a pyroute2 NetlinkError or an OSError, else None."""
-    code = getattr(exc, "code", None) if type(exc).__name__ == "NetlinkError" else None
-    if code is None and isinstance(exc, OSError):
-        code = exc.errno
-    return code if isinstance(code, int) else None
+    """The errno behind an OSError, else None."""
+    return exc.errno if isinstance(exc, OSError) else None
 
 
 def describe(exc: BaseException) -> str:
@@ -127,7 +127,8 @@ class Link:
         return bool(self.flags & IFF_LOWER_UP)
 
 
-def _ifinfo(index: int = 0, flags: int = 0, change: int = 0) -> bytes:
+def ifinfo(index: int = 0, flags: int = 0, change: int = 0) -> bytes:
+    """An ifinfomsg header for link `index`."""
     return IFINFO.pack(socket.AF_UNSPEC, 0, index, flags, change)
 
 
@@ -156,7 +157,7 @@ def parse_link(msg: bytes) -> Link:
 
 def find_link(nl: Rtnl, name: str = "", index: int = 0) -> Link | None:
     """The link called `name` (or with `index`), or None if there is none."""
-    body = _ifinfo(index) if index else _ifinfo() + attr_str(IFLA_IFNAME, name)
+    body = ifinfo(index) if index else ifinfo() + attr_str(IFLA_IFNAME, name)
     try:
         msgs = nl.request(RTM_GETLINK, body)
     except OSError as exc:
@@ -169,7 +170,7 @@ def find_link(nl: Rtnl, name: str = "", index: int = 0) -> Link | None:
 
 def links(nl: Rtnl) -> list[Link]:
     """Every link in the namespace."""
-    return [parse_link(msg) for msg in nl.dump(RTM_GETLINK, _ifinfo())]
+    return [parse_link(msg) for msg in nl.dump(RTM_GETLINK, ifinfo())]
 
 
 def default_route_link(nl: Rtnl) -> str:
@@ -196,7 +197,7 @@ def create_child(
 ) -> None:
     """Create a macvlan/ipvlan `name` on link index `parent`, optionally straight into the
     namespace behind descriptor `netns`. Raises the kernel error unchanged (OSError)."""
-    body = _ifinfo() + attr_str(IFLA_IFNAME, name) + attr_u32(IFLA_LINK, parent)
+    body = ifinfo() + attr_str(IFLA_IFNAME, name) + attr_u32(IFLA_LINK, parent)
     if netns is not None:
         body += attr_u32(IFLA_NET_NS_FD, netns)
     if mtu:
@@ -221,7 +222,7 @@ def set_link(
     """Change link `index` in one message: rename, MAC, move to the namespace `netns_fd`,
     then set it up or down (`None` leaves its state). The kernel renames before it
     changes flags, so rename and up go together; a rename needs the link down already."""
-    body = _ifinfo(index, IFF_UP if up else 0, 0 if up is None else IFF_UP)
+    body = ifinfo(index, IFF_UP if up else 0, 0 if up is None else IFF_UP)
     if name:
         body += attr_str(IFLA_IFNAME, name)
     if mac:
@@ -229,6 +230,12 @@ def set_link(
     if netns_fd is not None:
         body += attr_u32(IFLA_NET_NS_FD, netns_fd)
     nl.request(RTM_NEWLINK, body)
+
+
+def delete_altname(nl: Rtnl, index: int, name: str) -> None:
+    """Drop the alternative name `name` of link `index`."""
+    props = attr(IFLA_PROP_LIST | NLA_F_NESTED, attr_str(IFLA_ALT_IFNAME, name))
+    nl.request(RTM_DELLINKPROP, ifinfo(index) + props)
 
 
 def delete_link(nl: Rtnl, name: str = "", index: int = 0) -> bool:
@@ -239,7 +246,7 @@ def delete_link(nl: Rtnl, name: str = "", index: int = 0) -> bool:
             return False
         index = link.index
     try:
-        nl.request(RTM_DELLINK, _ifinfo(index))
+        nl.request(RTM_DELLINK, ifinfo(index))
     except OSError as exc:
         if exc.errno == errno.ENODEV:
             return False
@@ -287,8 +294,10 @@ def add_route(
     priority: int | None = None,
     table: int | None = None,
     scope: int | None = None,
+    replace: bool = False,
 ) -> None:
-    """Add a route through link `index` like netlink.RouteAddEcmp (no NLM_F_EXCL)."""
+    """Add a route through link `index` like netlink.RouteAddEcmp (no NLM_F_EXCL), or
+    replace the one with the same destination and metric (`replace`)."""
     family = socket.AF_INET if dst.version == 4 else socket.AF_INET6
     table = table if table is not None else RT_TABLE_MAIN
     header_table = table if table < 256 else RT_TABLE_MAIN  # RTA_TABLE carries the real one
@@ -305,7 +314,7 @@ def add_route(
     metrics = b"".join(attr_u32(k, v) for k, v in ((RTAX_MTU, mtu), (RTAX_ADVMSS, advmss)) if v)
     if metrics:
         body += attr(RTA_METRICS, metrics)
-    nl.request(RTM_NEWROUTE, body, NLM_F_CREATE | NLM_F_APPEND)
+    nl.request(RTM_NEWROUTE, body, NLM_F_CREATE | (NLM_F_REPLACE if replace else NLM_F_APPEND))
 
 
 @dataclass(frozen=True)
@@ -347,6 +356,25 @@ def _route_msgs(nl: Rtnl, family: int, table: int) -> list[_RouteMsg]:
         gw = _ip(fam, attrs.get(RTA_GATEWAY))
         found.append(_RouteMsg(dst, gw, get_u32(attrs, RTA_OIF) or 0, hops))
     return found
+
+
+def delete_default_routes(nl: Rtnl, family: int, oif: int) -> int:
+    """Delete the main table's default routes of `family` through link `oif`; how many."""
+    deleted = 0
+    for msg in nl.dump(RTM_GETROUTE, RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
+        header = RTMSG.unpack_from(msg, 16)
+        attrs = parse_attrs(msg, 16 + RTMSG.size)
+        table = get_u32(attrs, RTA_TABLE) or header[4]
+        if header[1] != 0 or table != RT_TABLE_MAIN or get_u32(attrs, RTA_OIF) != oif:
+            continue
+        key = b"".join(
+            attr(kind, attrs[kind])
+            for kind in (RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_TABLE)
+            if kind in attrs
+        )
+        nl.request(RTM_DELROUTE, msg[16 : 16 + RTMSG.size] + key)
+        deleted += 1
+    return deleted
 
 
 def _ip(family: int, raw: bytes | None) -> IPAddress | None:

@@ -2,7 +2,7 @@
 
 `setns` changes only the calling thread, so each call gets a fresh thread that
 enters the namespace, runs the function and exits; sockets opened there (for
-example pyroute2's `IPRoute()`) stay bound to that namespace.
+example a delegates.rtnl socket) stay bound to that namespace.
 """
 
 from __future__ import annotations

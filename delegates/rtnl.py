@@ -1,10 +1,9 @@
 """A small rtnetlink client: framing, attributes and errors, on a plain NETLINK_ROUTE socket.
 
-The delegates' hot path (look up a link, create it, rename it, add addresses and routes)
-is a handful of requests; through pyroute2 each costs ~0.3-0.5 ms (an asyncio loop per
-socket, generic marshalling), here a few struct calls and one send/recv. delegates.link
-builds the messages. Requests it does not speak (SR-IOV VF attributes, altnames) fall
-through to a pyroute2 `IPRoute`, opened on first use in the same namespace.
+Every netlink request Plexus makes (links, addresses, routes, SR-IOV VF attributes) is a
+handful of struct calls and one send/recv here; through pyroute2, used before, each cost
+~0.3-0.5 ms (an asyncio loop per socket, generic marshalling). delegates.link and
+delegates.vf build the messages.
 
 Kernel errors are raised as OSError with the errno the kernel returned.
 """
@@ -14,14 +13,13 @@ from __future__ import annotations
 import os
 import socket
 import struct
-import threading
 from collections.abc import Iterator
-from typing import Any
 
 NLMSG_ERROR = 2
 NLMSG_DONE = 3
 NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
+NLM_F_REPLACE = 0x100
 NLM_F_EXCL = 0x200
 NLM_F_CREATE = 0x400
 NLM_F_APPEND = 0x800
@@ -53,17 +51,20 @@ def attr_str(kind: int, value: str) -> bytes:
     return attr(kind, value.encode() + b"\0")
 
 
-def parse_attrs(data: bytes, offset: int = 0) -> dict[int, bytes]:
-    """Attribute type -> payload for the attributes in data[offset:] (the last one wins)."""
-    found: dict[int, bytes] = {}
+def iter_attrs(data: bytes, offset: int = 0) -> Iterator[tuple[int, bytes]]:
+    """(type, payload) of each attribute in data[offset:], in order, repeats included."""
     end = len(data)
     while offset + ATTR.size <= end:
         size, kind = ATTR.unpack_from(data, offset)
         if size < ATTR.size or offset + size > end:
-            break
-        found[kind & NLA_TYPE_MASK] = data[offset + ATTR.size : offset + size]
+            return
+        yield kind & NLA_TYPE_MASK, data[offset + ATTR.size : offset + size]
         offset += (size + 3) & ~3
-    return found
+
+
+def parse_attrs(data: bytes, offset: int = 0) -> dict[int, bytes]:
+    """Attribute type -> payload for the attributes in data[offset:] (the last one wins)."""
+    return dict(iter_attrs(data, offset))
 
 
 def get_u32(attrs: dict[int, bytes], kind: int) -> int | None:
@@ -83,13 +84,9 @@ class Rtnl:
             socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE
         )
         self._seq = 0
-        self._thread = threading.get_ident()
-        self._iproute: Any = None
 
     def close(self) -> None:
         self._sock.close()
-        if self._iproute is not None:
-            self._iproute.close()
 
     def __enter__(self) -> Rtnl:
         return self
@@ -132,15 +129,3 @@ class Rtnl:
                         return
                     continue
                 yield msg
-
-    @property
-    def iproute(self) -> Any:
-        """pyroute2's IPRoute in this namespace, for what this class does not build (SR-IOV
-        VF attributes, altnames); opened on first use, on the socket's thread."""
-        if self._iproute is None:
-            if threading.get_ident() != self._thread:
-                raise RuntimeError("Rtnl: pyroute2 fallback opened off the socket's thread")
-            from pyroute2 import IPRoute
-
-            self._iproute = IPRoute(groups=0)
-        return self._iproute

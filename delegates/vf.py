@@ -1,8 +1,7 @@
 """SR-IOV VFs for the sriov plugin: sysfs lookup, PF-side settings, lock and saved state.
 
 `find_vf` reads sysfs (its root is a parameter, so unit tests can point it at a fake
-tree); the netlink helpers take an open `Rtnl` in the namespace they act in (VF attributes and
-altnames through its pyroute2 `iproute`).
+tree); the netlink helpers take an open `Rtnl` in the namespace they act in.
 VF settings are keyed by the names the plugin reports in errors: mac, vlan (vlan, qos,
 proto), spoofchk, trust, link_state and rate (min, max in Mbps). The per-VF lock file and
 the saved state (one JSON file per attachment) live in the plugin's data dir.
@@ -16,21 +15,49 @@ import fcntl
 import json
 import logging
 import os
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from delegates.link import describe, errno_of, fail, find_link, set_link
-from delegates.rtnl import Rtnl
+from delegates.link import (
+    IFINFO,
+    RTM_GETLINK,
+    RTM_NEWLINK,
+    delete_altname,
+    describe,
+    errno_of,
+    fail,
+    find_link,
+    ifinfo,
+    set_link,
+)
+from delegates.rtnl import Rtnl, attr, attr_u32, iter_attrs, parse_attrs
 
 log = logging.getLogger("plexus.delegates")
 
 DPDK_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio"})
 ETH_P_8021Q = 0x8100
 ETH_P_8021AD = 0x88A8
-RTEXT_FILTER_VF = 1
 SETTINGS = ("mac", "vlan", "spoofchk", "trust", "link_state", "rate")
+
+# linux/if_link.h: the PF-side view and control of its VFs (attribute numbers and the
+# ifla_vf_* payloads: u32 vf first, then the value)
+IFLA_VFINFO_LIST, IFLA_EXT_MASK = 22, 29
+RTEXT_FILTER_VF, RTEXT_FILTER_SKIP_STATS = 1, 8
+IFLA_VF_INFO = IFLA_VF_VLAN_INFO = 1
+IFLA_VF_MAC, IFLA_VF_VLAN, IFLA_VF_SPOOFCHK, IFLA_VF_LINK_STATE = 1, 2, 4, 5
+IFLA_VF_RATE, IFLA_VF_TRUST, IFLA_VF_VLAN_LIST = 6, 9, 12
+VF_MAC = struct.Struct("=I32s")  # ifla_vf_mac
+VF_VLAN = struct.Struct("=III")  # ifla_vf_vlan: vf, vlan, qos (ifla_vf_vlan_info adds a be16)
+VF_RATE = struct.Struct("=III")  # ifla_vf_rate: vf, min_tx_rate, max_tx_rate
+VF_SETTING = struct.Struct("=II")  # ifla_vf_spoofchk / _trust / _link_state
+VF_SETTING_ATTRS = {
+    "spoofchk": IFLA_VF_SPOOFCHK,
+    "trust": IFLA_VF_TRUST,
+    "link_state": IFLA_VF_LINK_STATE,
+}
 
 
 @dataclass(frozen=True)
@@ -92,53 +119,59 @@ def find_vf(pci: str, root: str | Path = "/sys", *, require_netdev: bool = True)
     return vf
 
 
-def read_settings(ipr: Rtnl, pf_index: int, vf: int) -> dict[str, Any]:
+def read_settings(nl: Rtnl, pf_index: int, vf: int) -> dict[str, Any]:
     """The PF's view of VF `vf` (IFLA_VFINFO_LIST), as JSON-able values."""
-    msg = ipr.iproute.link("get", index=pf_index, ext_mask=RTEXT_FILTER_VF)[0]
-    vflist = msg.get_attr("IFLA_VFINFO_LIST")
-    for info in vflist.get_attrs("IFLA_VF_INFO") if vflist is not None else ():
-        mac = info.get_attr("IFLA_VF_MAC")
-        if mac is None or int(mac["vf"]) != vf:
+    mask = attr_u32(IFLA_EXT_MASK, RTEXT_FILTER_VF | RTEXT_FILTER_SKIP_STATS)
+    (msg,) = nl.request(RTM_GETLINK, ifinfo(pf_index) + mask)
+    vflist = parse_attrs(msg, 16 + IFINFO.size).get(IFLA_VFINFO_LIST, b"")
+    for kind, payload in iter_attrs(vflist):
+        info = dict(iter_attrs(payload))
+        if kind != IFLA_VF_INFO or IFLA_VF_MAC not in info:
             continue
-        vlan = info.get_attr("IFLA_VF_VLAN") or {"vlan": 0, "qos": 0}
+        index, mac = VF_MAC.unpack_from(info[IFLA_VF_MAC])
+        if index != vf:
+            continue
+        vlan, qos = VF_VLAN.unpack_from(info[IFLA_VF_VLAN])[1:] if IFLA_VF_VLAN in info else (0, 0)
         proto = ETH_P_8021Q
-        vlist = info.get_attr("IFLA_VF_VLAN_LIST")
-        if vlist is not None:
-            for ivvi in vlist.get_attrs("IFLA_VF_VLAN_INFO"):
-                proto = int(ivvi["proto"]) or ETH_P_8021Q
-        rate = info.get_attr("IFLA_VF_RATE") or {"min_tx_rate": 0, "max_tx_rate": 0}
+        for item_kind, item in iter_attrs(info.get(IFLA_VF_VLAN_LIST, b"")):
+            if item_kind == IFLA_VF_VLAN_INFO and len(item) >= VF_VLAN.size + 2:
+                proto = struct.unpack_from(">H", item, VF_VLAN.size)[0] or ETH_P_8021Q
+        rate = VF_RATE.unpack_from(info[IFLA_VF_RATE])[1:] if IFLA_VF_RATE in info else (0, 0)
         return {
-            "mac": mac["mac"].lower(),
-            "vlan": [int(vlan["vlan"]), int(vlan["qos"]), proto],
-            "spoofchk": _flag(info, "IFLA_VF_SPOOFCHK", "spoofchk"),
-            "trust": _flag(info, "IFLA_VF_TRUST", "trust"),
-            "link_state": _flag(info, "IFLA_VF_LINK_STATE", "link_state"),
-            "rate": [int(rate["min_tx_rate"]), int(rate["max_tx_rate"])],
+            "mac": ":".join(f"{b:02x}" for b in mac[:6]),
+            "vlan": [vlan, qos, proto],
+            "spoofchk": _setting(info, IFLA_VF_SPOOFCHK),
+            "trust": _setting(info, IFLA_VF_TRUST),
+            "link_state": _setting(info, IFLA_VF_LINK_STATE),
+            "rate": list(rate),
         }
     raise fail(f"PF (index {pf_index}) reports no VF {vf}")
 
 
-def _flag(info: Any, attr: str, key: str) -> int:
-    value = info.get_attr(attr)
-    return int(value[key]) if value is not None else 0
+def _setting(info: dict[int, bytes], kind: int) -> int:
+    """The value of an ifla_vf_<setting> {vf, setting} attribute, 0 if absent."""
+    return int(VF_SETTING.unpack_from(info[kind])[1]) if kind in info else 0
 
 
-def set_setting(ipr: Rtnl, pf_index: int, vf: int, key: str, value: Any) -> None:
+def set_setting(nl: Rtnl, pf_index: int, vf: int, key: str, value: Any) -> None:
     """Set one VF setting through the PF; raises the kernel error unchanged."""
-    spec: dict[str, Any] = {"vf": vf}
     if key == "vlan":
         vlan, qos, proto = value
         if proto != ETH_P_8021Q and vlan:
-            spec["vlan"] = [{"vlan": vlan, "qos": qos, "proto": proto}]
+            info = VF_VLAN.pack(vf, vlan, qos) + struct.pack(">Hxx", proto)
+            payload = attr(IFLA_VF_VLAN_LIST, attr(IFLA_VF_VLAN_INFO, info))
         else:
-            spec["vlan"] = {"vlan": vlan, "qos": qos}
+            payload = attr(IFLA_VF_VLAN, VF_VLAN.pack(vf, vlan, qos))
     elif key == "rate":
-        spec["rate"] = {"min_tx_rate": value[0], "max_tx_rate": value[1]}
-    elif key in SETTINGS:
-        spec[key] = value
+        payload = attr(IFLA_VF_RATE, VF_RATE.pack(vf, value[0], value[1]))
+    elif key == "mac":
+        payload = attr(IFLA_VF_MAC, VF_MAC.pack(vf, bytes.fromhex(value.replace(":", ""))))
+    elif key in VF_SETTING_ATTRS:
+        payload = attr(VF_SETTING_ATTRS[key], VF_SETTING.pack(vf, value))
     else:
         raise ValueError(f"unknown VF setting {key}")
-    ipr.iproute.link("set", index=pf_index, vf=spec)
+    body = ifinfo(pf_index) + attr(IFLA_VFINFO_LIST, attr(IFLA_VF_INFO, payload))
+    nl.request(RTM_NEWLINK, body)
 
 
 def apply_settings(
@@ -206,7 +239,7 @@ def rename(ipr: Rtnl, index: int, name: str) -> None:
         holder = find_link(ipr, name) if errno_of(exc) == errno.EEXIST else None
         if holder is None or holder.index != index:
             raise
-        ipr.iproute.link("property_del", index=index, altname=name)
+        delete_altname(ipr, index, name)
         set_link(ipr, index, name=name)
 
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 from cni.errors import CNIError, ErrorCode
 from cni.result import Result, Route
+from delegates import link
 from delegates.netns import run_in_netns
+from delegates.rtnl import Rtnl
 from meta.delegate import Delegate
 
 _DEFAULT = {4: ipaddress.ip_network("0.0.0.0/0"), 6: ipaddress.ip_network("::/0")}
@@ -65,43 +67,23 @@ def apply_to_netns(netns: str, plan: RoutePlan) -> None:
 
 
 def _apply(plan: RoutePlan) -> None:
-    from pyroute2 import IPRoute  # heavy: imported only when a pod uses default-route
-
-    with IPRoute() as ipr:
+    with link.netlink() as nl:
         for ifname, families in plan.strip.items():
-            index = _link_index(ipr, ifname)
+            index = _link_index(nl, ifname)
             for version in families:
-                for route in ipr.get_routes(family=_FAMILY[version], table=254):
-                    if route["dst_len"] == 0 and route.get_attr("RTA_OIF") == index:
-                        ipr.route("del", **_route_key(route, version))
+                link.delete_default_routes(nl, _FAMILY[version], index)
         for ifname, gws in plan.gateways.items():
-            index = _link_index(ipr, ifname)
+            index = _link_index(nl, ifname)
             for gw in gws:
-                version = ipaddress.ip_address(gw).version
-                ipr.route(
-                    "replace",
-                    family=_FAMILY[version],
-                    dst=str(_DEFAULT[version]),
-                    gateway=gw,
-                    oif=index,
-                )
+                address = ipaddress.ip_address(gw)
+                link.add_route(nl, index, _DEFAULT[address.version], address, replace=True)
 
 
-def _route_key(route: object, version: int) -> dict[str, object]:
-    get = route.get_attr  # type: ignore[attr-defined]
-    key: dict[str, object] = {"family": _FAMILY[version], "dst_len": 0, "oif": get("RTA_OIF")}
-    if get("RTA_GATEWAY"):
-        key["gateway"] = get("RTA_GATEWAY")
-    if get("RTA_PRIORITY") is not None:
-        key["priority"] = get("RTA_PRIORITY")
-    return key
-
-
-def _link_index(ipr: object, ifname: str) -> int:
-    found = ipr.link_lookup(ifname=ifname)  # type: ignore[attr-defined]
-    if not found:
+def _link_index(nl: Rtnl, ifname: str) -> int:
+    found = link.find_link(nl, ifname)
+    if found is None:
         raise CNIError(ErrorCode.IO_FAILURE, f"default-route: interface {ifname} not found in pod")
-    return int(found[0])
+    return found.index
 
 
 def apply_to_result(result: Result, ifname: str, plan: RoutePlan) -> Result:

@@ -7,7 +7,6 @@ import errno
 import os
 import socket
 import subprocess
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -164,26 +163,3 @@ def test_multipath_routes_give_one_entry_per_hop(pair: Pair) -> None:
     up0, up1 = (pair.in_host(partial(link.find_link, name=n)) for n in ("up0", "up1"))
     assert up0 is not None and up1 is not None
     assert hops == {("10.5.0.2", up0.index), ("10.6.0.2", up1.index)}
-
-
-def test_pyroute2_fallback_is_in_the_namespace_and_on_the_same_thread(pair: Pair) -> None:
-    def lo_name(nl: Rtnl) -> str:
-        return str(nl.iproute.link("get", index=1)[0].get_attr("IFLA_IFNAME"))
-
-    assert pair.in_pod(lo_name) == "lo"
-
-    def off_thread(nl: Rtnl) -> BaseException | None:
-        box: list[BaseException] = []
-
-        def use() -> None:
-            try:
-                nl.iproute.link("get", index=1)
-            except RuntimeError as exc:
-                box.append(exc)
-
-        worker = threading.Thread(target=use)
-        worker.start()
-        worker.join()
-        return box[0] if box else None
-
-    assert isinstance(pair.in_pod(off_thread), RuntimeError)

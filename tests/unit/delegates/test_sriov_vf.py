@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cni.errors import CNIError
-from delegates.link import PLUGIN_ERROR
-from delegates.rtnl import Rtnl
+from delegates.link import IFINFO, PLUGIN_ERROR, RTM_NEWLINK
+from delegates.rtnl import Rtnl, parse_attrs
 from delegates.vf import ETH_P_8021AD, apply_settings, find_vf, netdev_of, vf_lock
 
 PF = "0000:01:00.0"
@@ -90,24 +91,41 @@ def test_pf_without_netdev(fake_sysfs: Path) -> None:
         find_vf(VF_NET, fake_sysfs)
 
 
+# What the kernel's if_link.h says an IFLA_VF_INFO holds, decoded here independently of
+# delegates.vf's encoder: attribute -> (setting, struct of its payload).
+_VF_ATTRS = {1: ("mac", "=I6s26x"), 2: ("vlan", "=III"), 6: ("rate", "=III"), 12: ("vlans", "")}
+
+
 class FakePf(Rtnl):
-    """A FAKE PF (no socket): records `iproute.link("set", vf=...)` calls and refuses the
-    settings in `refuse` (EINVAL)."""
+    """A FAKE PF (no socket): decodes each VF setting sent through it, refusing those in
+    `refuse` with EINVAL."""
 
     def __init__(self, refuse: set[str]) -> None:  # no socket: no super()
         self.refuse = refuse
         self.calls: list[dict[str, Any]] = []
 
-    @property
-    def iproute(self) -> FakePf:
-        return self
-
-    def link(self, command: str, **spec: Any) -> None:
-        assert command == "set" and spec["index"] == 7
-        vf = dict(spec["vf"])
-        if self.refuse & set(vf):
+    def request(self, msg_type: int, body: bytes, flags: int = 0) -> list[bytes]:
+        assert msg_type == RTM_NEWLINK and IFINFO.unpack_from(body)[2] == 7
+        (vfinfo,) = parse_attrs(body, IFINFO.size).values()
+        ((kind, payload),) = parse_attrs(parse_attrs(vfinfo)[1]).items()
+        name, layout = _VF_ATTRS[kind]
+        if name == "vlans":
+            item = parse_attrs(payload)[1]
+            vf, vlan, qos = struct.unpack_from("=III", item)
+            call = {
+                "vf": vf,
+                "vlan": [{"vlan": vlan, "qos": qos, "proto": int.from_bytes(item[12:14])}],
+            }
+        elif name == "mac":
+            vf, mac = struct.unpack(layout, payload)
+            call = {"vf": vf, "mac": ":".join(f"{b:02x}" for b in mac)}
+        else:
+            vf, *values = struct.unpack(layout, payload)
+            call = {"vf": vf, name: values}
+        if name in self.refuse:
             raise OSError(22, "Invalid argument")
-        self.calls.append(vf)
+        self.calls.append(call)
+        return []
 
 
 def test_a_refused_setting_puts_back_what_was_applied() -> None:
@@ -120,7 +138,7 @@ def test_a_refused_setting_puts_back_what_was_applied() -> None:
     assert ipr.calls == [
         {"vf": 2, "mac": "02:00:00:00:00:01"},
         {"vf": 2, "vlan": [{"vlan": 100, "qos": 3, "proto": ETH_P_8021AD}]},
-        {"vf": 2, "vlan": {"vlan": 0, "qos": 0}},
+        {"vf": 2, "vlan": [0, 0]},
         {"vf": 2, "mac": "00:00:00:00:00:00"},
     ]
 

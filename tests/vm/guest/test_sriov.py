@@ -142,7 +142,13 @@ def test_sriov_two_vfs_in_two_pods_ping(
 
 @pytest.mark.parametrize(
     ("setting", "extra"),
-    [("min_tx_rate", {"min_tx_rate": 10}), ("link_state", {"link_state": "disable"})],
+    [
+        ("min_tx_rate", {"min_tx_rate": 10}),
+        ("link_state", {"link_state": "disable"}),
+        # igb takes only 802.1Q VLANs: its "protocol not supported" shows the kernel read
+        # the protocol from our IFLA_VF_VLAN_LIST
+        ("vlanProto of VF 0: protocol not supported", {"vlanProto": "802.1ad"}),
+    ],
 )
 def test_sriov_refused_setting_fails_clearly_and_changes_nothing(
     igb_pf: Pf,
