@@ -209,6 +209,31 @@ def _status_of(root: Path, pod: str) -> list[dict[str, Any]]:
     return list(json.loads(value))
 
 
+def _set_networks(root: Path, pod: str, value: str) -> None:
+    """Edit the pod's networks annotation in its manifest, as `kubectl annotate` would."""
+    path = root / "cluster" / f"{pod}.yaml"
+    obj = yaml.safe_load(path.read_text())
+    obj["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] = value
+    path.write_text(yaml.safe_dump(obj))
+
+
+def _hotplug(root: Path, pod: str, value: str, interfaces: list[str]) -> bool:
+    """Change the annotation; wait for the daemon to make `interfaces` the pod's."""
+    _set_networks(root, pod, value)
+    _say(f"\nhot-plug: {pod} annotation now {value!r}")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        status = [s["interface"] for s in _status_of(root, pod)]
+        if status == interfaces:
+            links = _sh("ip", "-o", "link", "show", netns=f"plexus-demo-{pod}").stdout
+            names = sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines())
+            _say(f"  network-status interfaces {status}; links in the pod {names}")
+            return names == sorted(["lo", *interfaces])
+        time.sleep(0.2)
+    _say(f"  FAILED: network-status still lists {status}")
+    return False
+
+
 def _ping(src: str, address: str) -> bool:
     return (
         _sh(
@@ -260,6 +285,10 @@ def run_demo() -> int:
                     f"ping {src} -> {dst} {ifname} {addresses[dst][ifname]}: "
                     f"{'ok' if reached else 'FAILED'}"
                 )
+        ok &= _hotplug(
+            root, "pod-a", f"{ANNOTATIONS['pod-a']},macvlan-dhcp@net2", ["eth0", "net1", "net2"]
+        )
+        ok &= _hotplug(root, "pod-a", ANNOTATIONS["pod-a"], ["eth0", "net1"])
         for pod in PODS:
             checked = _cni(root, "CHECK", pod)
             ok &= checked.returncode == 0

@@ -1,8 +1,9 @@
 """Hot-plug in the daemon: when a running pod's networks annotation changes, its
 containers' secondary networks are attached and detached to match (Engine.sync).
 
-The pod informer calls `pod_changed` on its own thread; the work happens on one worker
-thread, one pod at a time, in the order the changes arrived.
+Changes come from the pod informer (Kubernetes) or from `StorePoller` (the embedded
+store, read every second); either calls `pod_changed` on its own thread, and the work
+happens on one worker thread, one pod at a time, in the order the changes arrived.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 
+from cni.errors import CNIError
 from meta.config import MetaConfig
 from meta.plugin import MetaPlugin
 from meta.records import RecordStore
 from meta.selection import NETWORKS_ANNOTATION
 from meta.sources.base import Pod
+from meta.sources.store import EmbeddedStore
 
 log = logging.getLogger("plexus.hotplug")
 
@@ -61,3 +65,42 @@ class HotplugWorker:
             if engine.sync(record.container_id):
                 changed += 1
         return changed
+
+
+class StorePoller:
+    """Reads the embedded store's pods every `interval` seconds and reports changes."""
+
+    def __init__(
+        self,
+        store: EmbeddedStore,
+        listener: Callable[[Pod | None, Pod], None],
+        interval: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.listener = listener
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="store-poller", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _snapshot(self) -> dict[tuple[str, str], Pod]:
+        try:
+            return {(p.namespace, p.name): p for p in self.store.pods()}
+        except CNIError as exc:  # the directory is unreadable just now: try again later
+            log.warning("cannot read the embedded store", extra={"error": str(exc)})
+            return {}
+
+    def _run(self) -> None:
+        known = self._snapshot()
+        while not self._stop.wait(self.interval):
+            now = self._snapshot()
+            for key, pod in now.items():
+                if known.get(key) != pod:
+                    self.listener(known.get(key), pod)
+            known = now or known

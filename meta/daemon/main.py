@@ -11,12 +11,13 @@ from http.server import ThreadingHTTPServer
 from meta import logs
 from meta.daemon.cniconfig import ConfigWriter
 from meta.daemon.config import load_daemon_config
-from meta.daemon.hotplug import HotplugWorker
+from meta.daemon.hotplug import HotplugWorker, StorePoller
 from meta.daemon.http import start_http
 from meta.daemon.metrics import Metrics
 from meta.daemon.server import SocketServer
 from meta.plugin import MetaPlugin, source_for
 from meta.sources.kube import KubeSource
+from meta.sources.store import EmbeddedStore
 
 log = logging.getLogger("plexus.daemon")
 
@@ -31,11 +32,14 @@ def run_daemon(config_path: str, node_name: str) -> int:
     if isinstance(source, KubeSource):
         source.start()
     plugin = MetaPlugin(source=source, configure_logging=False)
-    hotplug: HotplugWorker | None = None
+    hotplug = HotplugWorker(plugin, conf)
+    poller: StorePoller | None = None
     if isinstance(source, KubeSource) and source.pods is not None:
-        hotplug = HotplugWorker(plugin, conf)
         source.pods.listeners.append(hotplug.pod_changed)
-        hotplug.start()
+    elif isinstance(source, EmbeddedStore):
+        poller = StorePoller(source, hotplug.pod_changed)
+        poller.start()
+    hotplug.start()
     server = SocketServer(conf.socket_dir, plugin, metrics, conf.max_concurrent_requests)
     server.bind()
     ready = threading.Event()
@@ -68,8 +72,9 @@ def run_daemon(config_path: str, node_name: str) -> int:
     if writer is not None:
         writer.stop()
     server.stop()
-    if hotplug is not None:
-        hotplug.stop()
+    if poller is not None:
+        poller.stop()
+    hotplug.stop()
     if http is not None:
         http.shutdown()
     if isinstance(source, KubeSource):

@@ -106,6 +106,21 @@ class EmbeddedStore(ClusterSource):
             node_name=spec.node_name or "",
         )
 
+    def pods(self) -> list[Pod]:
+        """Every well-formed pod in the directory (for watching; malformed ones skipped)."""
+        found = []
+        for _, body in self._objects():
+            if (body.get("apiVersion"), body.get("kind")) != _POD:
+                continue
+            metadata = body["metadata"]
+            try:
+                pod = self.get_pod(metadata.get("namespace") or "default", metadata["name"])
+            except CNIError:
+                continue
+            if pod is not None:
+                found.append(pod)
+        return found
+
     def get_nad(self, namespace: str, name: str) -> NetworkAttachmentDefinition | None:
         found = self._find(_NAD, namespace, name)
         if found is None:

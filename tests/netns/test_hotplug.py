@@ -5,6 +5,7 @@ kept consistent. The daemon's trigger (pod informer) is tested in the cluster ti
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -13,6 +14,7 @@ from meta.config import load_meta_config
 from meta.plugin import MetaPlugin
 from meta.records import RecordStore
 from tests.netns.conftest import Node
+from tests.netns.daemon import Daemon
 
 pytestmark = pytest.mark.netns
 
@@ -121,3 +123,27 @@ def test_nothing_to_sync_without_a_record_or_namespace(node: Node, running: str)
     node.ok("DEL", netns=running, cid=CID, pod="hp")
     node.pod("hp", "net-a,net-b")
     assert _sync(node) is False  # no record: the pod is not running here
+
+
+def test_the_daemon_hot_plugs_from_the_embedded_store(node: Node, running: str) -> None:
+    daemon = Daemon(node)
+    daemon.start()
+    try:
+        node.pod("hp", "net-a,net-b")  # rewrites the manifest; the daemon reads it every 1 s
+        deadline = time.monotonic() + 15
+        while len(_status(node)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _state(node, running) == (
+            ["eth0", "lo", "net1", "net2"],
+            [("default-net", "eth0"), ("default/net-a", "net1"), ("default/net-b", "net2")],
+            ["eth0", "net1", "net2"],
+        )
+    finally:
+        daemon.stop()
+
+
+def _status(node: Node) -> list[dict[str, object]]:
+    try:
+        return node.network_status("hp")
+    except KeyError:  # the manifest was just rewritten without one
+        return []
