@@ -164,6 +164,11 @@ class Kubelet:
         return self.root_dir / "device-plugins"
 
     @property
+    def plugins_registry_dir(self) -> Path:
+        """Where the kubelet's plugin watcher looks for plugin sockets."""
+        return self.root_dir / "plugins_registry"
+
+    @property
     def pod_resources_socket(self) -> Path:
         return self.root_dir / "pod-resources" / "kubelet.sock"
 
@@ -722,9 +727,17 @@ class DevicePlugin:
     netdev is a symlink to the node's real veth `uplink0` (`ip netns exec` remounts /sys
     for the namespace), as tests/netns/test_deviceplugin.py does. Stopped by PID."""
 
-    def __init__(self, kn: KubeletNode, resource_name: str, pf: str, vfs: list[str]) -> None:
+    def __init__(
+        self,
+        kn: KubeletNode,
+        resource_name: str,
+        pf: str,
+        vfs: list[str],
+        registration: str = "kubelet",
+    ) -> None:
         self.kn = kn
-        self.dir = kn.root / "deviceplugin"
+        self.registration = registration
+        self.dir = kn.root / f"deviceplugin-{resource_name}"
         self.dir.mkdir()
         self.config = self.dir / "config.json"
         self.config.write_text(
@@ -752,6 +765,8 @@ class DevicePlugin:
                  "--config", str(self.config),
                  "--sysfs-root", str(self.sysfs.root),
                  "--plugins-dir", str(self.kn.kubelet.device_plugins_dir),
+                 "--registry-dir", str(self.kn.kubelet.plugins_registry_dir),
+                 "--registration", self.registration,
                  "--devinfo-dir", str(self.kn.devinfo_dir)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

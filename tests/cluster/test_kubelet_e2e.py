@@ -232,3 +232,16 @@ def test_device_plugin_registers_again_after_a_kubelet_restart(
     uid, sandbox_id, netns, ips = run_vf_pod(kn, device_plugin, namespace, "after-restart")
     kn.delete_pod(namespace, "after-restart")
     check_gone(kn, uid, sandbox_id, netns, ips)
+
+
+def test_device_plugin_registers_through_the_plugin_watcher(kubelet_node: KubeletNode) -> None:
+    kn = kubelet_node
+    plugin = DevicePlugin(kn, "watched_vfs", PF, VFS, registration="watcher")
+    plugin.start()
+    try:
+        # no Register call: the kubelet finds the socket, asks GetInfo, then connects
+        kn.wait_allocatable("intel.com/watched_vfs", str(len(VFS)), plugin.log)
+        assert "registered by the kubelet plugin watcher" in tail_of(plugin)
+        assert not list(kn.kubelet.device_plugins_dir.glob("plexus-intel.com_watched_vfs*"))
+    finally:
+        assert plugin.stop() == 0, tail_of(plugin)
