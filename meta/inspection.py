@@ -3,7 +3,9 @@
 It reads the attachment records and the result cache under `cniDir` and compares them
 with the kernel: does each container's namespace still exist, does it hold each
 interface, with the addresses the cached result gave it? Results with no record are
-listed too. Nothing is changed; every problem line says what would fix it.
+listed too, and so are host-local leases (in the data dirs of the networks the records
+and the config name) held by a container Plexus has no record of: leaked IPs, or another
+CNI user's. Nothing is changed; every problem line says what would fix it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from cni.cache import CacheEntry, ResultCache
 from cni.errors import CNIError
+from delegates.ipam.store import DEFAULT_DATA_DIR, leases
 from delegates.link import addresses, links, netlink
 from delegates.netns import netns_exists, run_in_netns
 from meta.config import MetaConfig
@@ -47,15 +50,29 @@ class ContainerState:
 
 
 @dataclass
+class Lease:
+    data_dir: str
+    network: str
+    ip: str
+    container_id: str
+    ifname: str
+
+
+@dataclass
 class NodeReport:
     cni_dir: str
     containers: list[ContainerState]
     orphan_results: list[str]  # cache files with no attachment record
+    orphan_leases: list[Lease]  # host-local reservations of containers with no record
 
     @property
     def healthy(self) -> bool:
-        return not self.orphan_results and not any(
-            c.problems or any(i.problems for i in c.interfaces) for c in self.containers
+        return (
+            not self.orphan_results
+            and not self.orphan_leases
+            and not any(
+                c.problems or any(i.problems for i in c.interfaces) for c in self.containers
+            )
         )
 
 
@@ -136,7 +153,28 @@ def inspect_node(conf: MetaConfig) -> NodeReport:
         for e in cache.entries()
         if (e.network_name, e.container_id, e.ifname) not in recorded
     ]
-    return NodeReport(conf.cni_dir, [_container(r, cache) for r in records], orphans)
+    known = {r.container_id for r in records}
+    data_dirs = _host_local_dirs(
+        [*conf.delegates, *(d.config for r in records for d in r.delegates)]
+    )
+    stray = [
+        Lease(data_dir, network, ip, cid, ifname)
+        for data_dir in data_dirs
+        for network, ip, cid, ifname in leases(data_dir)
+        if cid not in known
+    ]
+    return NodeReport(conf.cni_dir, [_container(r, cache) for r in records], orphans, stray)
+
+
+def _host_local_dirs(configs: list[dict[str, Any]]) -> list[str]:
+    """The host-local data dirs these configs' plugins use."""
+    dirs = set()
+    for config in configs:
+        for plugin in config.get("plugins", [config]):
+            ipam = plugin.get("ipam") if isinstance(plugin, dict) else None
+            if isinstance(ipam, dict) and ipam.get("type") == "host-local":
+                dirs.add(str(ipam.get("dataDir") or DEFAULT_DATA_DIR))
+    return sorted(dirs)
 
 
 def to_json(report: NodeReport) -> str:
@@ -166,5 +204,15 @@ def render(report: NodeReport) -> str:
             "cached results with no attachment record (DEL of those attachments cleans up):"
         )
         lines.extend(f"  {path}" for path in report.orphan_results)
+    if report.orphan_leases:
+        lines.append(
+            "host-local leases of containers Plexus has no record of (leaked: GC of the "
+            "network releases them; or not Plexus's):"
+        )
+        lines.extend(
+            f"  {lease.ip} in {lease.data_dir}/{lease.network} by {lease.container_id[:12]}"
+            f" ({lease.ifname or '-'})"
+            for lease in report.orphan_leases
+        )
     lines.append("healthy" if report.healthy else "problems found")
     return "\n".join(lines)

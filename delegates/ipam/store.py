@@ -120,6 +120,20 @@ class Store:
         return _walk(self.dir)
 
 
+def leases(data_dir: str = "") -> list[tuple[str, str, str, str]]:
+    """(network, IP, containerID, ifname) of every reservation under `data_dir`, read
+    without the networks' locks: a view for reports, not for decisions."""
+    root = data_dir or DEFAULT_DATA_DIR
+    found = []
+    for path, data in _walk(root):
+        ip = os.path.basename(path)
+        if parse_ip(ip) is None:
+            continue
+        cid, _, ifname = data.decode(errors="replace").partition(LINE_BREAK)
+        found.append((os.path.relpath(os.path.dirname(path), root), ip, cid, ifname))
+    return found
+
+
 def _walk(directory: str) -> Iterator[tuple[str, bytes]]:
     try:
         names = sorted(os.listdir(directory))

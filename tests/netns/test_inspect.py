@@ -77,7 +77,7 @@ def test_healthy_pod_then_each_kind_of_damage(node: Node) -> None:
     assert code == 0 and report["containers"] == [] and report["orphan_results"] == []
 
 
-def test_a_result_without_a_record_is_reported(node: Node) -> None:
+def test_a_result_and_a_lease_without_a_record_are_reported(node: Node) -> None:
     node.pod("q")
     netns = node.pod_netns()
     node.ok("ADD", netns=netns, cid="c-q", pod="q")
@@ -85,6 +85,14 @@ def test_a_result_without_a_record_is_reported(node: Node) -> None:
     code, report = _report(node)
     assert code == 1 and report["containers"] == []
     assert [Path(p).name for p in report["orphan_results"]] == ["default-net-c-q-eth0"]
+    (lease,) = report["orphan_leases"]  # its IP stays reserved: a leak GC would release
+    assert (lease["network"], lease["container_id"], lease["ifname"]) == (
+        "default-net",
+        "c-q",
+        "eth0",
+    )
+    assert lease["data_dir"] == str(node.ipam)
+    assert f"{lease['ip']} in {node.ipam}/default-net by c-q (eth0)" in _inspect(node).stdout
 
 
 def test_bad_config_is_exit_2(tmp_path: Path) -> None:
