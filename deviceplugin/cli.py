@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import signal
 import sys
 from pathlib import Path
 
+from cni import logs
 from deviceplugin.config import ConfigError, load_config
 from deviceplugin.plugin import DevicePluginRunner, PluginOptions
 from deviceplugin.selectors import pools_report
@@ -35,11 +35,7 @@ def serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"plexus deviceplugin: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format='{"time":"%(asctime)s","level":"%(levelname)s","msg":%(message)r}',
-    )
+    logs.configure("info", "", to_stderr=True)
     options = PluginOptions(
         paths=HostPaths(args.sysfs_root, "/dev", args.devinfo_dir),
         plugins_dir=Path(args.plugins_dir),

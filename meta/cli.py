@@ -127,12 +127,12 @@ def inspect_node(config_file: str, as_json: bool) -> int:
 
 def replay(args: argparse.Namespace) -> int:
     """Run one verb of a network config through its plugins and print the outcome."""
+    from cni import logs
     from cni.config import load_network_config
     from cni.env import parse_cni_args
     from cni.errors import CNIError
     from cni.invoke import ExecExecutor, version_info
     from cni.runtime import CNIRuntime, RuntimeConf
-    from meta import logs
 
     logs.configure("debug", "", True)
     paths = [p for p in args.path.split(os.pathsep) if p]

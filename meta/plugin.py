@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from cni import logs
 from cni.env import CmdArgs
 from cni.invoke import Executor
 from cni.result import Result
 from cni.runtime import CNIRuntime
-from meta import logs
 from meta.config import MetaConfig, load_meta_config
 from meta.devices import DeviceSource
 from meta.engine import Engine

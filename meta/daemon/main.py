@@ -8,7 +8,7 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 
-from meta import logs
+from cni import logs
 from meta.daemon.cniconfig import ConfigWriter
 from meta.daemon.config import load_daemon_config
 from meta.daemon.hotplug import HotplugWorker, StorePoller
