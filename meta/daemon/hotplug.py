@@ -55,16 +55,11 @@ class HotplugWorker:
             except Exception:  # one pod's failure must not end hot-plug for the node
                 log.exception("hot-plug failed", extra={"pod": f"{key[0]}/{key[1]}"})
 
-    def sync(self, namespace: str, name: str) -> int:
-        """Sync every container of the pod on this node; how many changed."""
-        changed = 0
+    def sync(self, namespace: str, name: str) -> None:
+        """Sync every container of the pod on this node."""
         for record in RecordStore(self.conf.cni_dir).all():
-            if (record.pod_namespace or "default", record.pod_name) != (namespace, name):
-                continue
-            engine = self.plugin.engine_for(self.conf, record.path)
-            if engine.sync(record.container_id):
-                changed += 1
-        return changed
+            if (record.pod_namespace or "default", record.pod_name) == (namespace, name):
+                self.plugin.engine_for(self.conf, record.path).sync(record.container_id)
 
 
 class StorePoller:

@@ -100,9 +100,7 @@ def health(work: Path, runs: int) -> float:
         sh("ip", "-n", node, "link", "set", "pf0p", "up")
         sh("ip", "-n", node, "link", "set", "pf0", "up")
         sysfs = FakeSysfs(work / "hsys")
-        pf = sysfs.add_pf("0000:3b:00.0", "pf0")
-        shutil.rmtree(pf / "net" / "pf0")
-        (pf / "net" / "pf0").symlink_to("/sys/class/net/pf0")
+        sysfs.add_pf("0000:3b:00.0", "pf0", real_netdev=True)
         sysfs.add_vf("0000:3b:00.0", 0, "0000:3b:02.0", netdev="pf0v0")
         config = work / "config.json"
         config.write_text(json.dumps(CONFIG))

@@ -750,9 +750,7 @@ class DevicePlugin:
             )
         )
         self.sysfs = FakeSysfs(self.dir / "sys")
-        pf_dir = self.sysfs.add_pf(pf, kn.node.uplink)
-        shutil.rmtree(pf_dir / "net" / kn.node.uplink)
-        (pf_dir / "net" / kn.node.uplink).symlink_to(f"/sys/class/net/{kn.node.uplink}")
+        self.sysfs.add_pf(pf, kn.node.uplink, real_netdev=True)
         for index, address in enumerate(vfs):
             self.sysfs.add_vf(pf, index, address, netdev=f"{kn.node.uplink}v{index}")
         self.log = self.dir / "deviceplugin.log"

@@ -44,9 +44,7 @@ def plugins_dir() -> Iterator[Path]:
 
 def _fake_host(root: Path, pf_netdev: str) -> Path:
     sysfs = FakeSysfs(root)
-    pf = sysfs.add_pf(PF, pf_netdev)
-    shutil.rmtree(pf / "net" / pf_netdev)
-    (pf / "net" / pf_netdev).symlink_to(f"/sys/class/net/{pf_netdev}")
+    sysfs.add_pf(PF, pf_netdev, real_netdev=True)
     for i, addr in enumerate(VFS):
         sysfs.add_vf(PF, i, addr, netdev=f"{pf_netdev}v{i}")
     return sysfs.root

@@ -13,7 +13,7 @@ from delegates.netns import run_in_netns
 from meta.config import load_meta_config
 from meta.plugin import MetaPlugin
 from meta.records import RecordStore
-from tests.netns.conftest import Node
+from tests.netns.conftest import Node, sh
 from tests.netns.daemon import Daemon
 
 pytestmark = pytest.mark.netns
@@ -120,6 +120,10 @@ def test_refusals_are_events_not_changes(node: Node, running: str) -> None:
 
 def test_nothing_to_sync_without_a_record_or_namespace(node: Node, running: str) -> None:
     assert _sync(node) is False  # unchanged annotation
+    node.pod("hp", "net-a,net-b")
+    sh("ip", "netns", "del", node.pods.pop())
+    assert _sync(node) is False  # the namespace is gone: nothing to attach into
+    assert RecordStore(node.cni_dir).load(CID) is not None  # DEL still has its record
     node.ok("DEL", netns=running, cid=CID, pod="hp")
     node.pod("hp", "net-a,net-b")
     assert _sync(node) is False  # no record: the pod is not running here

@@ -48,8 +48,11 @@ class FakeSysfs:
         acpi_index: int | None = None,
         rdma: str | None = None,
         vdpa_driver: str | None = None,
+        real_netdev: bool = False,
     ) -> Path:
-        """One PCI function; returns its directory."""
+        """One PCI function; returns its directory. With `real_netdev` its netdev entry is
+        a symlink to the real /sys/class/net/<netdev> of the reading process's namespace,
+        so link state and kernel events are real."""
         d = self.dev_dir(address)
         d.mkdir()
         (d / "class").write_text(pci_class + "\n")
@@ -60,7 +63,10 @@ class FakeSysfs:
             drv = self.root / "bus" / "pci" / "drivers" / driver
             drv.mkdir(exist_ok=True)
             os.symlink(os.path.relpath(drv, d), d / "driver")
-        if netdev:
+        if netdev and real_netdev:
+            (d / "net").mkdir()
+            (d / "net" / netdev).symlink_to(f"/sys/class/net/{netdev}")
+        elif netdev:
             net = d / "net" / netdev
             net.mkdir(parents=True)
             (net / "type").write_text(f"{link_type}\n")

@@ -10,6 +10,7 @@ Find the repo from `REPO` here (never a fixed path), and run Python as sys.execu
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -17,8 +18,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from cni.env import CmdArgs
+from cni.skel import dispatch
+from delegates.sriov import SriovPlugin
 
 IN_VM = os.environ.get("PLEXUS_IN_VM") == "1"
 GUEST_DIR = Path(__file__).resolve().parent
@@ -140,3 +146,25 @@ def pf_up(pf: Pf) -> None:
     while operstate.read_text().strip() != "up":
         assert time.monotonic() < deadline, "timed out waiting for the PF link"
         time.sleep(0.1)
+
+
+def sriov_conf(pci: str, data_dir: Path, **extra: Any) -> dict[str, Any]:
+    """A `type: sriov` config for the VF `pci`, its state kept in `data_dir`."""
+    base = {"cniVersion": "1.0.0", "name": "sriovnet", "type": "sriov", "deviceID": pci}
+    return {**base, "dataDir": str(data_dir), **extra}
+
+
+def sriov_call(
+    command: str, conf: dict[str, Any], netns: str, ifname: str = "net1", cid: str = "c1"
+) -> bytes:
+    """One verb of the sriov plugin, in-process as the daemon runs it; what it prints."""
+    args = CmdArgs(
+        command=command,
+        container_id=cid,
+        netns=f"/run/netns/{netns}" if netns else "",
+        ifname=ifname,
+        args=(),
+        path=("/usr/lib/cni",),
+        stdin=json.dumps(conf).encode(),
+    )
+    return dispatch(SriovPlugin(), args)

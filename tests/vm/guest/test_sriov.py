@@ -17,15 +17,21 @@ from typing import Any
 
 import pytest
 
-from cni.env import CmdArgs
 from cni.errors import CNIError
-from cni.skel import dispatch
-from delegates.sriov import SriovPlugin
 from deviceplugin.allocate import container_response
 from deviceplugin.config import ResourceConfig
 from deviceplugin.selectors import healthy
 from deviceplugin.sysfs import discover
-from tests.vm.guest.conftest import NumVfs, Pf, enable_vfs, host_netdev, pf_up, sh
+from tests.vm.guest.conftest import (
+    NumVfs,
+    Pf,
+    enable_vfs,
+    host_netdev,
+    pf_up,
+    sh,
+    sriov_call,
+    sriov_conf,
+)
 
 
 @pytest.fixture
@@ -52,26 +58,6 @@ def _mac(dev: str, netns: str = "") -> str:
     return str(link["address"])
 
 
-def _conf(pci: str, data_dir: Path, **extra: Any) -> dict[str, Any]:
-    base = {"cniVersion": "1.0.0", "name": "sriovnet", "type": "sriov", "deviceID": pci}
-    return {**base, "dataDir": str(data_dir), **extra}
-
-
-def _call(
-    command: str, conf: dict[str, Any], netns: str, ifname: str = "net1", cid: str = "c1"
-) -> bytes:
-    args = CmdArgs(
-        command=command,
-        container_id=cid,
-        netns=f"/run/netns/{netns}" if netns else "",
-        ifname=ifname,
-        args=(),
-        path=("/usr/lib/cni",),
-        stdin=json.dumps(conf).encode(),
-    )
-    return dispatch(SriovPlugin(), args)
-
-
 def _static(address: str) -> dict[str, Any]:
     return {"type": "static", "addresses": [{"address": address}]}
 
@@ -82,7 +68,7 @@ def test_sriov_add_check_del_restores_everything(
     pci, netdev = vfs[0]
     before, host_mac = _vfinfo(igb_pf, 0), _mac(netdev)
     ns = netns()
-    conf = _conf(
+    conf = sriov_conf(
         pci,
         tmp_path,
         vlan=100,
@@ -93,7 +79,7 @@ def test_sriov_add_check_del_restores_everything(
         max_tx_rate=100,
         ipam=_static("10.77.0.1/24"),
     )
-    result = json.loads(_call("ADD", conf, ns))
+    result = json.loads(sriov_call("ADD", conf, ns))
     assert result["interfaces"] == [
         {"name": "net1", "mac": "02:00:00:00:10:01", "sandbox": f"/run/netns/{ns}"}
     ]
@@ -108,12 +94,12 @@ def test_sriov_add_check_del_restores_everything(
     assert _mac("net1", ns) == "02:00:00:00:10:01"
     assert "10.77.0.1/24" in sh("ip", "addr", "show", "net1", netns=ns).stdout
 
-    _call("CHECK", {**conf, "prevResult": result}, ns)
+    sriov_call("CHECK", {**conf, "prevResult": result}, ns)
     sh("ip", "link", "set", igb_pf.netdev, "vf", "0", "vlan", "101", "qos", "3")
     with pytest.raises(CNIError, match="vlan"):
-        _call("CHECK", {**conf, "prevResult": result}, ns)
+        sriov_call("CHECK", {**conf, "prevResult": result}, ns)
     sh("ip", "link", "set", "net1", "address", "02:00:00:00:10:02", netns=ns, check=False)
-    _call("DEL", {**conf, "prevResult": result}, ns)
+    sriov_call("DEL", {**conf, "prevResult": result}, ns)
 
     assert _vfinfo(igb_pf, 0) == before
     assert host_netdev(pci) == netdev
@@ -127,8 +113,8 @@ def test_sriov_two_vfs_in_two_pods_ping(
 ) -> None:
     pods = [netns(), netns()]
     for n, ((pci, _), ns) in enumerate(zip(vfs, pods, strict=True)):
-        conf = _conf(pci, tmp_path, cniVersion="1.1.0", ipam=_static(f"10.78.0.{n + 1}/24"))
-        result = json.loads(_call("ADD", conf, ns, cid=f"ping{n}"))
+        conf = sriov_conf(pci, tmp_path, cniVersion="1.1.0", ipam=_static(f"10.78.0.{n + 1}/24"))
+        result = json.loads(sriov_call("ADD", conf, ns, cid=f"ping{n}"))
         assert result["interfaces"][0]["pciID"] == pci
     ping = sh("ping", "-c", "2", "-w", "20", "10.78.0.2", netns=pods[0], check=False)
     if ping.returncode != 0:
@@ -136,7 +122,8 @@ def test_sriov_two_vfs_in_two_pods_ping(
         pf = sh("ip", "-d", "link", "show", igb_pf.netdev).stdout
         raise AssertionError(f"ping failed: {ping.stdout}\n{pf}\n" + "\n".join(state))
     for n, ((pci, netdev), ns) in enumerate(zip(vfs, pods, strict=True)):
-        _call("DEL", _conf(pci, tmp_path, ipam=_static(f"10.78.0.{n + 1}/24")), ns, cid=f"ping{n}")
+        conf = sriov_conf(pci, tmp_path, ipam=_static(f"10.78.0.{n + 1}/24"))
+        sriov_call("DEL", conf, ns, cid=f"ping{n}")
         assert host_netdev(pci) == netdev
 
 
@@ -161,9 +148,9 @@ def test_sriov_refused_setting_fails_clearly_and_changes_nothing(
     pci, netdev = vfs[0]
     before, host_mac = _vfinfo(igb_pf, 0), _mac(netdev)
     ns = netns()
-    conf = _conf(pci, tmp_path, vlan=200, mac="02:00:00:00:20:01", trust="on", **extra)
+    conf = sriov_conf(pci, tmp_path, vlan=200, mac="02:00:00:00:20:01", trust="on", **extra)
     with pytest.raises(CNIError) as info:
-        _call("ADD", conf, ns)
+        sriov_call("ADD", conf, ns)
     assert setting in info.value.msg, info.value.msg
     assert _vfinfo(igb_pf, 0) == before
     assert host_netdev(pci) == netdev and _mac(netdev) == host_mac
@@ -176,13 +163,13 @@ def test_sriov_del_after_the_netns_is_gone(
     pci, netdev = vfs[1]
     before = _vfinfo(igb_pf, 1)
     ns = netns()
-    conf = _conf(pci, tmp_path, vlan=300, mac="02:00:00:00:30:01")
-    _call("ADD", conf, ns, ifname="eth7", cid="gone")
+    conf = sriov_conf(pci, tmp_path, vlan=300, mac="02:00:00:00:30:01")
+    sriov_call("ADD", conf, ns, ifname="eth7", cid="gone")
     sh("ip", "netns", "del", ns)
-    _call("DEL", conf, ns, ifname="eth7", cid="gone")
+    sriov_call("DEL", conf, ns, ifname="eth7", cid="gone")
     assert host_netdev(pci) == netdev
     assert _vfinfo(igb_pf, 1) == before
-    _call("DEL", conf, ns, ifname="eth7", cid="gone")  # again: nothing cached, still fine
+    sriov_call("DEL", conf, ns, ifname="eth7", cid="gone")  # again: nothing cached, still fine
 
 
 @pytest.fixture
@@ -208,8 +195,9 @@ def test_sriov_dpdk_vf_stays_put_and_reports_its_pci_address(
 ) -> None:
     before = _vfinfo(igb_pf, 1)
     ns = netns()
-    conf = _conf(dpdk_vf, tmp_path, cniVersion="1.1.0", vlan=200, spoofchk="off")  # pciID: 1.1.0
-    result = json.loads(_call("ADD", conf, ns))
+    # cniVersion 1.1.0: the version whose results carry pciID
+    conf = sriov_conf(dpdk_vf, tmp_path, cniVersion="1.1.0", vlan=200, spoofchk="off")
+    result = json.loads(sriov_call("ADD", conf, ns))
     assert result["interfaces"] == [
         {"name": "net1", "sandbox": f"/run/netns/{ns}", "pciID": dpdk_vf}
     ]
@@ -218,8 +206,8 @@ def test_sriov_dpdk_vf_stays_put_and_reports_its_pci_address(
     assert [
         link["ifname"] for link in json.loads(sh("ip", "-j", "link", "show", netns=ns).stdout)
     ] == ["lo"]
-    _call("CHECK", {**conf, "prevResult": result}, ns)
-    _call("DEL", {**conf, "prevResult": result}, ns)
+    sriov_call("CHECK", {**conf, "prevResult": result}, ns)
+    sriov_call("DEL", {**conf, "prevResult": result}, ns)
     assert _vfinfo(igb_pf, 1) == before
     assert list(tmp_path.iterdir()) == []
 

@@ -14,40 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cni.env import CmdArgs
-from cni.skel import dispatch
-from delegates.sriov import SriovPlugin
 from meta.install import install_binaries
-from tests.vm.guest.conftest import NumVfs, Pf, enable_vfs, pf_up, sh
+from tests.vm.guest.conftest import NumVfs, Pf, enable_vfs, pf_up, sh, sriov_call, sriov_conf
 
 RUNS = 3
-
-
-def _conf(pci: str, data_dir: Path) -> dict[str, Any]:
-    return {
-        "cniVersion": "1.0.0",
-        "name": "sriovnet",
-        "type": "sriov",
-        "deviceID": pci,
-        "dataDir": str(data_dir),
-        "vlan": 100,
-        "mac": "02:00:00:00:40:01",
-        "ipam": {"type": "static", "addresses": [{"address": "10.78.0.1/24"}]},
-    }
-
-
-def _in_process(verb: str, conf: dict[str, Any], netns: str) -> dict[str, Any]:
-    args = CmdArgs(
-        verb,
-        "bench",
-        f"/run/netns/{netns}",
-        "net1",
-        (),
-        ("/usr/lib/cni",),
-        json.dumps(conf).encode(),
-    )
-    out = dispatch(SriovPlugin(), args)
-    return json.loads(out) if out else {}
 
 
 def _binary(binary: Path, verb: str, conf: dict[str, Any], netns: str) -> dict[str, Any]:
@@ -70,10 +40,16 @@ def test_sriov_add_in_process_vs_binary(
     pf_up(igb_pf)
     vfs: NumVfs = enable_vfs(igb_pf, 1)
     (binary,) = (p for p in install_binaries(tmp_path / "bin") if p.name == "plexus-sriov")
-    conf = _conf(vfs[0][0], tmp_path / "data")
+    conf = sriov_conf(
+        vfs[0][0],
+        tmp_path / "data",
+        vlan=100,
+        mac="02:00:00:00:40:01",
+        ipam={"type": "static", "addresses": [{"address": "10.78.0.1/24"}]},
+    )
     ns = netns()
     contenders: dict[str, Callable[[str], dict[str, Any]]] = {
-        "in-process": lambda verb: _in_process(verb, conf, ns),
+        "in-process": lambda verb: json.loads(sriov_call(verb, conf, ns, cid="bench") or b"{}"),
         "plexus-sriov binary": lambda verb: _binary(binary, verb, conf, ns),
     }
     took: dict[str, list[float]] = {name: [] for name in contenders}
