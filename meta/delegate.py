@@ -39,6 +39,16 @@ class Delegate(BaseModel):
         return [str(self.config.get("type", ""))]
 
     @property
+    def chain(self) -> str:
+        """The plugin types, e.g. `macvlan+tuning`."""
+        return "+".join(self.plugin_types)
+
+    @property
+    def log_fields(self) -> dict[str, str]:
+        """How log lines name this attachment."""
+        return {"network": self.network, "ifname": self.ifname, "delegate": self.chain}
+
+    @property
     def label(self) -> str:
         """How logs and errors name this attachment."""
-        return f"{self.network} ({self.ifname}, {'+'.join(self.plugin_types)})"
+        return f"{self.network} ({self.ifname}, {self.chain})"

@@ -1,19 +1,14 @@
 """ADD, DEL, CHECK, STATUS and GC across all of a pod's networks.
 
-The engine touches the world only through three seams: the cluster source
-(pods, NADs, status, events), the CNI runtime (delegates) and the attachment
-records; plus netlink for `default-route`.
+The engine does no I/O of its own; it touches the world only through its seams: the
+cluster source (pods, NADs, network-status, events), the CNI runtime (delegates and their
+result cache), the device source (kubelet PodResources) and the node (attachment records,
+locks, readiness, device-info files, default routes in the pod's namespace).
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from cni.env import CmdArgs
@@ -21,19 +16,16 @@ from cni.errors import CNIError, ErrorCode
 from cni.result import Result
 from cni.runtime import CNIRuntime, RuntimeConf
 from cni.version import version_at_least
-from delegates.netns import netns_exists
-from meta import deviceinfo, routes
+from meta import routes
 from meta.attachments import NetworkNotFound, Resolver
 from meta.config import MetaConfig
 from meta.delegate import Delegate
 from meta.devices import DeviceSource
-from meta.locks import ContainerLocks
 from meta.logs import StepLogger
-from meta.records import AttachmentRecord, RecordStore
+from meta.node import Node
+from meta.records import AttachmentRecord
 from meta.sources.base import ClusterSource, Pod
 from meta.status import network_statuses, render
-
-READINESS_WAIT_SECONDS = 10.0
 
 
 class Engine:
@@ -44,31 +36,29 @@ class Engine:
         conf: MetaConfig,
         source: ClusterSource | None,
         runtime: CNIRuntime,
-        records: RecordStore,
+        node: Node,
         devices: DeviceSource | None = None,
-        locks: ContainerLocks | None = None,
     ) -> None:
         self.conf = conf
         self.source = source
         self.runtime = runtime
-        self.records = records
+        self.node = node
         self.devices = devices
-        self.locks = locks if locks is not None else ContainerLocks()
 
     # ---- ADD -----------------------------------------------------------------
 
     def add(self, args: CmdArgs) -> Result:
         log = _call_log("add", args)
-        self._wait_for_readiness(log)
-        with self._lock(exclusive=False), self.locks.hold(args.container_id):
+        self.node.wait_until_ready(log)
+        with self.node.lock(args.container_id):
             pod = self._find_pod(args, log)
             if pod is None and self._pod_expected(args):
                 log.warning("pod not found: returning an empty result without attaching anything")
                 return Result(cniVersion=self.conf.cni_version)
             delegates = self._resolve(args, pod, log, devices=self.devices)
-            self._name_device_info_files(args, delegates)
+            self.node.name_device_info_files(args.container_id, delegates)
             plan = routes.plan_default_routes(delegates)
-            self.records.save(
+            self.node.records.save(
                 AttachmentRecord(
                     container_id=args.container_id,
                     netns=args.netns,
@@ -98,8 +88,7 @@ class Engine:
         try:
             for delegate in delegates:
                 results.append(self._attach(args, delegate, log))
-            with log.step("default-route", plan=str(plan)) if not plan.empty else _nothing():
-                routes.apply_to_netns(args.netns, plan)
+            self.node.apply_default_routes(args.netns, plan, log)
             results = [
                 self._rewrite_routes(args, d, r, plan)
                 for d, r in zip(delegates, results, strict=True)
@@ -110,13 +99,8 @@ class Engine:
         return results
 
     def _attach(self, args: CmdArgs, delegate: Delegate, log: StepLogger) -> Result:
-        with log.step(
-            "delegate add",
-            network=delegate.network,
-            ifname=delegate.ifname,
-            delegate="+".join(delegate.plugin_types),
-        ) as fields:
-            self._copy_device_info(delegate, log)
+        with log.step("delegate add", **delegate.log_fields) as fields:
+            self.node.copy_device_info(delegate, log)
             try:
                 result = self.runtime.add(delegate.network_config(), self._rt(args, delegate))
             except CNIError as exc:
@@ -124,58 +108,8 @@ class Engine:
                     exc.code, f"ADD of {delegate.label} failed: {exc.msg}", exc.details
                 ) from exc
             fields["ips"] = result.ip_strings()
-            delegate.device_info = self._load_device_info(delegate, log)
+            delegate.device_info = self.node.load_device_info(delegate, log)
             return result
-
-    # Device-info files, as Multus: the device plugin's file is copied to the network's
-    # CNI file before ADD (best effort), read back after ADD (the delegate may have
-    # written it) and removed after DEL.
-
-    def _name_device_info_files(self, args: CmdArgs, delegates: list[Delegate]) -> None:
-        for delegate in delegates:
-            if delegate.device_id:
-                path = deviceinfo.cni_path(
-                    self.conf.device_info_dir,
-                    delegate.network_config().name,
-                    args.container_id,
-                    delegate.ifname,
-                )
-                delegate.capability_args[deviceinfo.CAPABILITY] = str(path)
-
-    def _copy_device_info(self, delegate: Delegate, log: StepLogger) -> None:
-        path = delegate.capability_args.get(deviceinfo.CAPABILITY)
-        if not (path and delegate.resource_name and delegate.device_id):
-            return
-        try:
-            copied = deviceinfo.copy_from_dp(
-                self.conf.device_info_dir, delegate.resource_name, delegate.device_id, path
-            )
-            log.info(
-                "device-info copied" if copied else "no device-info from the device plugin",
-                network=delegate.network,
-                device=delegate.device_id,
-            )
-        except CNIError as exc:
-            log.warning("device-info not copied", network=delegate.network, error=str(exc))
-
-    def _load_device_info(self, delegate: Delegate, log: StepLogger) -> dict[str, Any] | None:
-        path = delegate.capability_args.get(deviceinfo.CAPABILITY)
-        if not (path and delegate.device_id):
-            return None
-        try:
-            return deviceinfo.load(path)
-        except CNIError as exc:
-            log.warning("device-info not reported", network=delegate.network, error=str(exc))
-            return None
-
-    def _clean_device_info(self, delegate: Delegate, log: StepLogger) -> None:
-        path = delegate.capability_args.get(deviceinfo.CAPABILITY)
-        if not isinstance(path, str):
-            return
-        try:
-            deviceinfo.clean(self.conf.device_info_dir, path)
-        except CNIError as exc:
-            log.warning("device-info not removed", network=delegate.network, error=str(exc))
 
     def _rewrite_routes(
         self, args: CmdArgs, delegate: Delegate, result: Result, plan: routes.RoutePlan
@@ -193,17 +127,15 @@ class Engine:
     def _rollback(self, args: CmdArgs, delegates: list[Delegate], log: StepLogger) -> None:
         for delegate in reversed(delegates):
             self._rollback_one(args, delegate, log)
-        self.records.delete(args.container_id)
+        self.node.records.delete(args.container_id)
 
     def _rollback_one(self, args: CmdArgs, delegate: Delegate, log: StepLogger) -> None:
         try:
-            with log.step(
-                "rollback delegate del", network=delegate.network, ifname=delegate.ifname
-            ):
+            with log.step("rollback delegate del", **delegate.log_fields):
                 self.runtime.delete(delegate.network_config(), self._rt(args, delegate))
         except CNIError:
             pass  # logged by the step
-        self._clean_device_info(delegate, log)
+        self.node.clean_device_info(delegate, log)
 
     def _write_status(
         self, pod: Pod | None, delegates: list[Delegate], results: list[Result], log: StepLogger
@@ -235,17 +167,17 @@ class Engine:
 
     def delete(self, args: CmdArgs) -> None:
         log = _call_log("del", args)
-        with self._lock(exclusive=False), self.locks.hold(args.container_id):
+        with self.node.lock(args.container_id):
             delegates, netns = self._delegates_for_delete(args, log)
             errors = self._detach_all(
                 args.container_id, netns or args.netns, args.args, delegates, log
             )
             if errors:
                 raise _aggregate("DEL", errors)
-            self.records.delete(args.container_id)
+            self.node.records.delete(args.container_id)
 
     def _delegates_for_delete(self, args: CmdArgs, log: StepLogger) -> tuple[list[Delegate], str]:
-        record = self.records.load(args.container_id)
+        record = self.node.records.load(args.container_id)
         if record is not None:
             return record.delegates, args.netns
         cached = self._delegates_from_result_cache(args.container_id)
@@ -310,18 +242,13 @@ class Engine:
             attempts = 2 if self.conf.retry_delete_on_error else 1
             for attempt in range(1, attempts + 1):
                 try:
-                    with log.step(
-                        "delegate del",
-                        network=delegate.network,
-                        ifname=delegate.ifname,
-                        attempt=attempt,
-                    ):
+                    with log.step("delegate del", **delegate.log_fields, attempt=attempt):
                         self.runtime.delete(delegate.network_config(), rt)
                     break
                 except CNIError as exc:
                     if attempt == attempts:
                         errors.append((delegate, exc))
-            self._clean_device_info(delegate, log)
+            self.node.clean_device_info(delegate, log)
         return errors
 
     # ---- hot-plug --------------------------------------------------------------
@@ -339,11 +266,11 @@ class Engine:
         the namespace or the pod gone, or the annotation already matched.
         """
         log = StepLogger("engine", verb="sync", cid=container_id[:12])
-        with self._lock(exclusive=False), self.locks.hold(container_id):
-            record = self.records.load(container_id)
+        with self.node.lock(container_id):
+            record = self.node.records.load(container_id)
             if record is None or self.source is None or not record.pod_name:
                 return False
-            if not netns_exists(record.netns):
+            if not self.node.netns_exists(record.netns):
                 return False
             pod = self.source.get_pod(
                 record.pod_namespace or "default", record.pod_name, wait=False
@@ -392,20 +319,20 @@ class Engine:
         gone = [d for d in removed if id(d) not in still_there]
         current = [d for d in record.delegates if not any(d is g for g in gone)]
         record.delegates = current
-        self.records.save(record)
+        self.node.records.save(record)
         for delegate in gone:
             message = f"Remove {delegate.ifname} from {delegate.network}"
             self.source.record_event(pod, "Normal", "RemovedInterface", message)
         fresh: dict[int, Result] = {}  # id(delegate) -> its ADD result
         for delegate in added:
             record.delegates = [*current, delegate]
-            self.records.save(record)
+            self.node.records.save(record)
             try:
                 fresh[id(delegate)] = self._attach(args, delegate, log)
             except CNIError as exc:
                 self._rollback_one(args, delegate, log)
                 record.delegates = current
-                self.records.save(record)
+                self.node.records.save(record)
                 self.source.record_event(pod, "Warning", "HotplugFailed", exc.msg)
                 continue
             current = record.delegates
@@ -430,8 +357,8 @@ class Engine:
 
     def check(self, args: CmdArgs) -> None:
         log = _call_log("check", args)
-        with self._lock(exclusive=False):
-            record = self.records.load(args.container_id)
+        with self.node.lock(args.container_id):
+            record = self.node.records.load(args.container_id)
             if record is None:
                 raise CNIError(
                     ErrorCode.UNKNOWN_CONTAINER,
@@ -448,9 +375,7 @@ class Engine:
                     )
                     continue
                 try:
-                    with log.step(
-                        "delegate check", network=delegate.network, ifname=delegate.ifname
-                    ):
+                    with log.step("delegate check", **delegate.log_fields):
                         self.runtime.check(net, self._rt(args, delegate))
                 except CNIError as exc:
                     errors.append((delegate, exc))
@@ -463,8 +388,9 @@ class Engine:
         """Ready when the default network is; secondary problems are only logged."""
         log = _call_log("status", args)
         delegates = self._static_networks()
-        with log.step("default network status", network=delegates[0].network):
-            self.runtime.status(delegates[0].network_config())
+        default = delegates[0]
+        with log.step("default network status", network=default.network, delegate=default.chain):
+            self.runtime.status(default.network_config())
         for delegate in delegates[1:]:
             try:
                 self.runtime.status(delegate.network_config())
@@ -491,9 +417,9 @@ class Engine:
         log = _call_log("gc", args)
         valid = _valid_attachments(self.conf)
         errors: list[tuple[Delegate, CNIError]] = []
-        with self._lock(exclusive=True):
+        with self.node.lock(exclusive=True):
             kept: list[AttachmentRecord] = []
-            for record in self.records.all():
+            for record in self.node.records.all():
                 if (record.container_id, record.ifname) in valid:
                     kept.append(record)
                     continue
@@ -507,10 +433,15 @@ class Engine:
                 )
                 errors += failed
                 if not failed:
-                    self.records.delete(record.container_id)
+                    self.node.records.delete(record.container_id)
             for delegate, attachments in self._networks_to_gc(kept):
                 try:
-                    with log.step("delegate gc", network=delegate.network, valid=len(attachments)):
+                    with log.step(
+                        "delegate gc",
+                        network=delegate.network,
+                        delegate=delegate.chain,
+                        valid=len(attachments),
+                    ):
                         self.runtime.gc(delegate.network_config(), attachments)
                 except CNIError as exc:
                     errors.append((delegate, exc))
@@ -575,37 +506,6 @@ class Engine:
             if events and pod is not None and self.source is not None:
                 self.source.record_event(pod, "Warning", "NoNetworkFound", str(exc))
             raise
-
-    def _wait_for_readiness(self, log: StepLogger) -> None:
-        path = self.conf.readiness_indicator_file
-        if not path:
-            return
-        deadline = time.monotonic() + READINESS_WAIT_SECONDS
-        while not os.path.exists(path):
-            if time.monotonic() > deadline:
-                raise CNIError(
-                    ErrorCode.TRY_AGAIN_LATER,
-                    f"the default network is not ready: {path} does not exist "
-                    f"(waited {READINESS_WAIT_SECONDS:.0f}s)",
-                )
-            time.sleep(0.1)
-        log.info("readiness indicator present", file=path)
-
-    @contextmanager
-    def _lock(self, exclusive: bool) -> Iterator[None]:
-        """GC excludes everything else; ADD/DEL/CHECK only exclude GC."""
-        Path(self.conf.cni_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(os.path.join(self.conf.cni_dir, "gc.lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            yield
-        finally:
-            os.close(fd)
-
-
-@contextmanager
-def _nothing() -> Iterator[dict[str, Any]]:
-    yield {}
 
 
 def _call_log(verb: str, args: CmdArgs) -> StepLogger:

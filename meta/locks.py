@@ -2,7 +2,7 @@
 
 They live in the process that runs the engine; in the daemon every call for a container
 goes through the same process, so its calls and its hot-plug worker are serialized.
-(GC's exclusion works across processes: it is a file lock, see Engine._lock.)
+(GC's exclusion works across processes: it is a file lock, see Node.lock.)
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from meta.config import MetaConfig, load_meta_config
 from meta.devices import DeviceSource
 from meta.engine import Engine
 from meta.locks import ContainerLocks
+from meta.node import Node
 from meta.podresources.client import PodResourcesClient
-from meta.records import RecordStore
 from meta.sources.base import ClusterSource
 
 
@@ -77,7 +77,7 @@ class MetaPlugin:
         devices = self.devices
         if devices is None:
             devices = PodResourcesClient(conf.pod_resources_socket, conf.device_checkpoint_file)
-        return Engine(conf, source, runtime, RecordStore(conf.cni_dir), devices, self.locks)
+        return Engine(conf, source, runtime, Node(conf, self.locks), devices)
 
     def add(self, args: CmdArgs) -> Result:
         return self.engine(args).add(args)

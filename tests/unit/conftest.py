@@ -1,4 +1,4 @@
-"""Fixtures for the cni package tests: real reference plugins and small fake plugins."""
+"""Fixtures for the unit tier: real reference plugins and small fake plugins (named as such)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,131 @@
+"""The node's side of the engine: its files, its locks and the pod namespaces' routes.
+
+Everything the engine keeps or changes on this node outside the delegates goes through
+here: attachment records, the GC lock, the readiness indicator, device-info files and
+the default routes that `default-route` moves inside a pod's namespace.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+from cni.errors import CNIError, ErrorCode
+from delegates.netns import netns_exists
+from meta import deviceinfo, routes
+from meta.config import MetaConfig
+from meta.delegate import Delegate
+from meta.locks import ContainerLocks
+from meta.logs import StepLogger
+from meta.records import RecordStore
+
+READINESS_WAIT_SECONDS = 10.0
+
+
+class Node:
+    """One meta config's state on this node."""
+
+    def __init__(self, conf: MetaConfig, locks: ContainerLocks | None = None) -> None:
+        self.conf = conf
+        self.records = RecordStore(conf.cni_dir)
+        self.locks = locks if locks is not None else ContainerLocks()
+
+    # ---- locks and readiness -------------------------------------------------
+
+    @contextmanager
+    def lock(self, container_id: str = "", exclusive: bool = False) -> Iterator[None]:
+        """GC (`exclusive`) excludes every other call, across processes (a file lock);
+        other calls exclude only GC, and calls of one container exclude each other."""
+        Path(self.conf.cni_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(os.path.join(self.conf.cni_dir, "gc.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            with self.locks.hold(container_id) if container_id else nullcontext():
+                yield
+        finally:
+            os.close(fd)
+
+    def wait_until_ready(self, log: StepLogger) -> None:
+        """Wait for `readinessindicatorfile`; TRY_AGAIN_LATER if it does not appear."""
+        path = self.conf.readiness_indicator_file
+        if not path:
+            return
+        deadline = time.monotonic() + READINESS_WAIT_SECONDS
+        while not os.path.exists(path):
+            if time.monotonic() > deadline:
+                raise CNIError(
+                    ErrorCode.TRY_AGAIN_LATER,
+                    f"the default network is not ready: {path} does not exist "
+                    f"(waited {READINESS_WAIT_SECONDS:.0f}s)",
+                )
+            time.sleep(0.1)
+        log.info("readiness indicator present", file=path)
+
+    # ---- pod namespaces ------------------------------------------------------
+
+    @staticmethod
+    def netns_exists(path: str) -> bool:
+        return netns_exists(path)
+
+    @staticmethod
+    def apply_default_routes(netns: str, plan: routes.RoutePlan, log: StepLogger) -> None:
+        if plan.empty:
+            return
+        with log.step("default-route", plan=str(plan)):
+            routes.apply_to_netns(netns, plan)
+
+    # ---- device-info files ---------------------------------------------------
+    # As Multus: the device plugin's file is copied to the network's CNI file before
+    # ADD (best effort), read back after ADD (the delegate may have written it) and
+    # removed after DEL.
+
+    def name_device_info_files(self, container_id: str, delegates: list[Delegate]) -> None:
+        for delegate in delegates:
+            if delegate.device_id:
+                path = deviceinfo.cni_path(
+                    self.conf.device_info_dir,
+                    delegate.network_config().name,
+                    container_id,
+                    delegate.ifname,
+                )
+                delegate.capability_args[deviceinfo.CAPABILITY] = str(path)
+
+    def copy_device_info(self, delegate: Delegate, log: StepLogger) -> None:
+        path = delegate.capability_args.get(deviceinfo.CAPABILITY)
+        if not (path and delegate.resource_name and delegate.device_id):
+            return
+        try:
+            copied = deviceinfo.copy_from_dp(
+                self.conf.device_info_dir, delegate.resource_name, delegate.device_id, path
+            )
+            log.info(
+                "device-info copied" if copied else "no device-info from the device plugin",
+                network=delegate.network,
+                device=delegate.device_id,
+            )
+        except CNIError as exc:
+            log.warning("device-info not copied", network=delegate.network, error=str(exc))
+
+    def load_device_info(self, delegate: Delegate, log: StepLogger) -> dict[str, Any] | None:
+        path = delegate.capability_args.get(deviceinfo.CAPABILITY)
+        if not (path and delegate.device_id):
+            return None
+        try:
+            return deviceinfo.load(path)
+        except CNIError as exc:
+            log.warning("device-info not reported", network=delegate.network, error=str(exc))
+            return None
+
+    def clean_device_info(self, delegate: Delegate, log: StepLogger) -> None:
+        path = delegate.capability_args.get(deviceinfo.CAPABILITY)
+        if not isinstance(path, str):
+            return
+        try:
+            deviceinfo.clean(self.conf.device_info_dir, path)
+        except CNIError as exc:
+            log.warning("device-info not removed", network=delegate.network, error=str(exc))

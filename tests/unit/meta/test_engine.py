@@ -1,0 +1,125 @@
+"""The engine's own rules, driven through fake recorder plugins (see tests/unit/conftest.py).
+
+The real-namespace behaviour (rollback, DEL without records, CHECK, GC of real
+attachments) is in tests/netns; here: error aggregation, DEL retries, readiness and the
+GC lock, which need plugins that fail on demand.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni.env import CmdArgs
+from cni.errors import CNIError, ErrorCode
+from meta import node as node_module
+from meta.config import MetaConfig
+from meta.engine import Engine
+from meta.plugin import MetaPlugin
+from tests.unit.conftest import Recorder
+
+CID = "engine-test-1"
+
+
+def engine_for(tmp_path: Path, bin_dir: Path, types: list[str], **keys: Any) -> Engine:
+    conf = MetaConfig.model_validate(
+        {
+            "cniVersion": "1.0.0",
+            "name": "plexus",
+            "type": "plexus",
+            "cniDir": str(tmp_path / "cni"),
+            "delegates": [{"cniVersion": "1.0.0", "name": t, "type": t} for t in types],
+            **keys,
+        }
+    )
+    return MetaPlugin(configure_logging=False).engine_for(conf, [str(bin_dir)])
+
+
+def cmd(verb: str, container_id: str = CID) -> CmdArgs:
+    return CmdArgs(verb, container_id, "/var/run/netns/fake", "eth0", (), (), b"")
+
+
+def verbs(recorder: Recorder) -> list[str]:
+    return [c["env"]["CNI_COMMAND"] for c in recorder.calls() if c["plugin"] == recorder.name]
+
+
+def test_del_reports_every_failing_network_and_keeps_the_record(
+    tmp_path: Path, bin_dir: Path, make_recorder_plugin: Callable[..., Recorder]
+) -> None:
+    make_recorder_plugin("first", fail=("DEL",))
+    make_recorder_plugin("second", fail=("DEL",))
+    engine = engine_for(tmp_path, bin_dir, ["first", "second"])
+    engine.add(cmd("ADD"))
+
+    with pytest.raises(CNIError) as raised:
+        engine.delete(cmd("DEL"))
+
+    assert raised.value.code == ErrorCode.TRY_AGAIN_LATER
+    assert raised.value.msg == "DEL failed for 2 network(s)"
+    assert raised.value.details == (
+        'second (net1, second): plugin "second" failed (del): recorder says no: DEL; '
+        'first (eth0, first): plugin "first" failed (del): recorder says no: DEL'
+    )
+    assert engine.node.records.load(CID) is not None, "a failed DEL must be retried later"
+
+
+@pytest.mark.parametrize(("retry", "attempts"), [(False, 1), (True, 2)])
+def test_retry_delete_on_error_tries_a_failing_del_twice(
+    tmp_path: Path,
+    bin_dir: Path,
+    make_recorder_plugin: Callable[..., Recorder],
+    retry: bool,
+    attempts: int,
+) -> None:
+    failing = make_recorder_plugin("failing", fail=("DEL",))
+    engine = engine_for(tmp_path, bin_dir, ["failing"], retryDeleteOnError=retry)
+    engine.add(cmd("ADD"))
+
+    with pytest.raises(CNIError):
+        engine.delete(cmd("DEL"))
+
+    assert verbs(failing) == ["ADD"] + ["DEL"] * attempts
+
+
+def test_add_waits_for_the_readiness_indicator_then_gives_up(
+    tmp_path: Path,
+    bin_dir: Path,
+    recorder: Recorder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(node_module, "READINESS_WAIT_SECONDS", 0.3)
+    indicator = tmp_path / "ready"
+    engine = engine_for(tmp_path, bin_dir, ["recorder"], readinessindicatorfile=str(indicator))
+
+    with pytest.raises(CNIError) as raised:
+        engine.add(cmd("ADD"))
+    assert raised.value.code == ErrorCode.TRY_AGAIN_LATER
+    assert str(indicator) in raised.value.msg
+    assert recorder.calls() == [], "no delegate may run before the default network is ready"
+
+    threading.Timer(0.1, indicator.touch).start()
+    engine.add(cmd("ADD"))
+    assert verbs(recorder) == ["ADD"]
+
+
+def test_gc_waits_for_calls_in_flight(tmp_path: Path, bin_dir: Path, recorder: Recorder) -> None:
+    engine = engine_for(tmp_path, bin_dir, ["recorder"])
+    engine.add(cmd("ADD"))
+    done = threading.Event()
+
+    def gc() -> None:
+        engine.gc(cmd("GC", ""))
+        done.set()
+
+    with engine.node.lock("another-container"):
+        thread = threading.Thread(target=gc)
+        thread.start()
+        assert not done.wait(0.3), "GC ran while another call held the node"
+    assert done.wait(10)
+    thread.join()
+    assert "DEL" in verbs(recorder), "the record not in the (empty) valid list is DELed"
+    assert engine.node.records.load(CID) is None
