@@ -1,7 +1,9 @@
 """Structured logs for every Plexus component: one JSON object per line.
 
 All loggers live under `plexus` (plexus.cni, plexus.engine, plexus.deviceplugin, ...);
-`configure` points that tree at a file and/or stderr.
+`configure` points that tree at a file and/or stderr. A record's `extra` fields become
+keys of its line; `StepLogger` binds a call's identity (`cid`, `pod`, `verb`) to every
+line it writes and times steps (`ms`, `outcome`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ import json
 import logging
 import sys
 import time
+from collections import deque
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 LOGGER_NAME = "plexus"
@@ -41,8 +46,31 @@ class JSONFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class _Early(logging.Handler):
+    """Holds what the `plexus` tree logs before `configure` (a plugin reads its config,
+    which says where logs go, before it can configure them): `configure` hands these
+    records to the handlers it installs. Being a handler, it also keeps Python's
+    last-resort handler from printing them to stderr."""
+
+    def __init__(self, capacity: int = 100) -> None:
+        super().__init__()
+        self.records: deque[logging.LogRecord] = deque(maxlen=capacity)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+_early = _Early()
+logging.getLogger(LOGGER_NAME).addHandler(_early)
+
+
 def configure(level: str = "info", log_file: str = "", to_stderr: bool = True) -> None:
-    """Point the `plexus` loggers (ours and the protocol's) at a file and/or stderr."""
+    """Point the `plexus` loggers (ours and the protocol's) at a file and/or stderr.
+
+    With neither, logs go nowhere (a NullHandler, so Python's last-resort handler does
+    not print warnings to stderr). Records logged before the first call are replayed
+    into the new handlers.
+    """
     handlers: list[logging.Handler] = []
     if log_file:
         handlers.append(logging.FileHandler(log_file))
@@ -51,11 +79,73 @@ def configure(level: str = "info", log_file: str = "", to_stderr: bool = True) -
     formatter = JSONFormatter()
     for handler in handlers:
         handler.setFormatter(formatter)
+    if not handlers:
+        handlers.append(logging.NullHandler())
     root = logging.getLogger(LOGGER_NAME)
     for old in list(root.handlers):
         root.removeHandler(old)
-        old.close()
+        if old is not _early:
+            old.close()
     for handler in handlers:
         root.addHandler(handler)
     root.setLevel(_LEVELS.get(level, logging.INFO))
     root.propagate = False
+    early = list(_early.records)
+    _early.records.clear()
+    for record in early:
+        if record.levelno >= root.level:
+            for handler in handlers:
+                handler.handle(record)
+
+
+class StepLogger:
+    """A logger bound to one CNI call's identity (verb, container, pod)."""
+
+    def __init__(self, name: str, **fields: Any) -> None:
+        self._logger = logging.getLogger(f"{LOGGER_NAME}.{name}")
+        self.fields = fields
+
+    def bind(self, **fields: Any) -> StepLogger:
+        """A copy with more fields."""
+        child = StepLogger.__new__(StepLogger)
+        child._logger = self._logger
+        child.fields = {**self.fields, **fields}
+        return child
+
+    def info(self, msg: str, **fields: Any) -> None:
+        self._logger.info(msg, extra={**self.fields, **fields})
+
+    def warning(self, msg: str, **fields: Any) -> None:
+        self._logger.warning(msg, extra={**self.fields, **fields})
+
+    def error(self, msg: str, **fields: Any) -> None:
+        self._logger.error(msg, extra={**self.fields, **fields})
+
+    @contextmanager
+    def step(self, msg: str, **fields: Any) -> Iterator[dict[str, Any]]:
+        """Log `msg` once when the block ends, with its duration and outcome.
+
+        The yielded dict lets the block add fields (for example the IPs it got).
+        """
+        extra: dict[str, Any] = dict(fields)
+        start = time.perf_counter()
+        try:
+            yield extra
+        except Exception as exc:
+            self.error(msg, **extra, ms=_ms(start), outcome="error", error=str(exc))
+            raise
+        self.info(msg, **extra, ms=_ms(start), outcome="ok")
+
+
+def _ms(start: float) -> float:
+    return round((time.perf_counter() - start) * 1000, 2)
+
+
+def call_fields(container_id: str, args: Mapping[str, str]) -> dict[str, str]:
+    """A call's identity as log fields: `cid` (the container ID's first 12 characters, as
+    runtimes print it) and `pod` (`namespace/name` from CNI_ARGS), each when known."""
+    fields = {"cid": container_id[:12]} if container_id else {}
+    name = args.get("K8S_POD_NAME", "")
+    if name:
+        fields["pod"] = f"{args.get('K8S_POD_NAMESPACE') or 'default'}/{name}"
+    return fields

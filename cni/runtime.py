@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,10 +13,9 @@ from cni.config import NetworkConfigList, plugin_stdin
 from cni.env import cni_env
 from cni.errors import CNIError, ErrorCode
 from cni.invoke import ExecExecutor, Executor
+from cni.logs import StepLogger, call_fields
 from cni.result import Result
 from cni.version import version_at_least
-
-log = logging.getLogger("plexus.cni")
 
 VALID_ATTACHMENTS_KEY = "cni.dev/valid-attachments"
 LEGACY_ATTACHMENTS_KEY = "cni.dev/attachments"
@@ -104,7 +101,9 @@ class CNIRuntime:
                 cached = self.cached_result(net.name, rt)
             except CNIError as err:
                 # An unusable entry must not block cleanup: DEL without prevResult (libcni).
-                log.warning("ignoring cached result: %s", err, extra={"network": net.name})
+                _call_log("DEL", rt).warning(
+                    "ignoring cached result", network=net.name, error=str(err)
+                )
                 cached = None
             prev = cached.to_dict(net.cni_version) if cached is not None else None
         for plugin in reversed(net.plugins):
@@ -192,28 +191,22 @@ class CNIRuntime:
         else:
             env = cni_env(command, rt.container_id, rt.netns, rt.ifname, rt.args, self.paths)
             stdin = plugin_stdin(net, plugin, rt.capability_args, prev)
-        start = time.monotonic()
-        outcome = "ok"
+        log = _call_log(command, rt)
         try:
-            return self.executor.run(plugin_type, stdin, env)
+            with log.step(f"plugin {command.lower()}", plugin=plugin_type, network=net.name):
+                return self.executor.run(plugin_type, stdin, env)
         except CNIError as err:
-            outcome = f"failed: {err}"
             raise CNIError(
                 err.code,
                 f'plugin "{plugin_type}" failed ({command.lower()}): {err.msg}',
                 err.details,
             ) from None
-        finally:
-            ms = round((time.monotonic() - start) * 1000, 1)
-            log.info(
-                "%s %s network=%s container=%s %s",
-                command,
-                plugin_type,
-                net.name,
-                rt.container_id if rt else "-",
-                outcome,
-                extra={"plugin": plugin_type, "network": net.name, "ms": ms},
-            )
+
+
+def _call_log(command: str, rt: RuntimeConf | None) -> StepLogger:
+    """The log of one plugin call: its verb, container and pod (from CNI_ARGS)."""
+    fields = call_fields(rt.container_id, dict(rt.args)) if rt is not None else {}
+    return StepLogger("cni", verb=command.lower(), **fields)
 
 
 def _parse_result(out: bytes, net: NetworkConfigList, plugin: Mapping[str, Any]) -> Result:

@@ -3,17 +3,51 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from cni import deviceinfo
 from cni.errors import CNIError, ErrorCode
+from cni.logs import LOGGER_NAME
 from cni.models import validation_details
 from meta.podresources import checkpoint, client
 
+log = logging.getLogger(f"{LOGGER_NAME}.config")
+
 DEFAULT_CNI_DIR = "/var/lib/cni/plexus"
 DEFAULT_CONF_DIR = "/etc/cni/multus/net.d"
+
+CNI_KEYS = frozenset(
+    {
+        "cniVersion",
+        "name",
+        "type",
+        "capabilities",
+        "runtimeConfig",
+        "prevResult",
+        "args",
+        "ipam",
+        "dns",
+        "cni.dev/valid-attachments",
+        "cni.dev/attachments",
+    }
+)
+"""Keys the CNI spec and its conventions put into any plugin's config."""
+MULTUS_ONLY_KEYS = frozenset({"logOptions"})
+"""Multus keys Plexus reads nothing from (log rotation is the host's business)."""
+DAEMON_KEYS = frozenset(
+    {
+        "socketDir",
+        "metricsPort",
+        "metricsBindAddress",
+        "maxConcurrentRequests",
+        "cniConfigDir",
+        "generatedConfigName",
+    }
+)
+"""meta.daemon.config.DaemonConfig's own keys (the shim reads socketDir from every call)."""
 
 
 class MetaConfig(BaseModel):
@@ -76,6 +110,32 @@ class MetaConfig(BaseModel):
         return network_namespace in self.global_namespaces
 
 
+KNOWN_KEYS = (
+    frozenset(field.alias or name for name, field in MetaConfig.model_fields.items())
+    | CNI_KEYS
+    | MULTUS_ONLY_KEYS
+    | DAEMON_KEYS
+)
+_MAX_WARNED = 64
+_warned: set[frozenset[str]] = set()
+
+
+def _warn_unknown(extra: dict[str, Any]) -> None:
+    """One warning naming the unknown keys, once per distinct set of them (per process).
+
+    Costs a set difference per call: the daemon parses the config on every call.
+    """
+    unknown = frozenset(extra.keys() - KNOWN_KEYS)
+    if not unknown or unknown in _warned or len(_warned) >= _MAX_WARNED:
+        return
+    _warned.add(unknown)
+    names = ", ".join(repr(key) for key in sorted(unknown))
+    plural = "s" if len(unknown) > 1 else ""
+    log.warning(
+        "unknown meta config key%s %s ignored", plural, names, extra={"keys": sorted(unknown)}
+    )
+
+
 def load_meta_config(data: bytes) -> MetaConfig:
     """Parse the meta-plugin config from the runtime's stdin."""
     try:
@@ -97,4 +157,6 @@ def load_meta_config(data: bytes) -> MetaConfig:
             ErrorCode.INVALID_CONFIG,
             "invalid plexus config: set clusterNetwork or at least one entry in delegates",
         )
+    if conf.model_extra:
+        _warn_unknown(conf.model_extra)
     return conf

@@ -9,10 +9,10 @@ locks, readiness, device-info files, default routes in the pod's namespace).
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
+from cni.logs import StepLogger, call_fields
 from cni.result import Result
 from cni.runtime import CNIRuntime, RuntimeConf
 from cni.version import version_at_least
@@ -21,7 +21,6 @@ from meta.attachments import NetworkNotFound, Resolver
 from meta.config import MetaConfig
 from meta.delegate import Delegate
 from meta.devices import DeviceSource
-from meta.logs import StepLogger
 from meta.node import Node
 from meta.records import AttachmentRecord
 from meta.sources.base import ClusterSource, Pod
@@ -509,13 +508,7 @@ class Engine:
 
 
 def _call_log(verb: str, args: CmdArgs) -> StepLogger:
-    fields: dict[str, Any] = {"verb": verb}
-    if args.container_id:
-        fields["cid"] = args.container_id[:12]
-    name = args.arg("K8S_POD_NAME")
-    if name:
-        fields["pod"] = f"{args.arg('K8S_POD_NAMESPACE') or 'default'}/{name}"
-    return StepLogger("engine", **fields)
+    return StepLogger("engine", verb=verb, **call_fields(args.container_id, dict(args.args)))
 
 
 def _valid_attachments(conf: MetaConfig) -> set[tuple[str, str]]:

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from cni.errors import CNIError, ErrorCode
+from cni.logs import StepLogger
 from delegates.netns import netns_exists
 from meta import deviceinfo, routes
 from meta.config import MetaConfig
 from meta.delegate import Delegate
 from meta.locks import ContainerLocks
-from meta.logs import StepLogger
 from meta.records import RecordStore
 
 READINESS_WAIT_SECONDS = 10.0

@@ -3,7 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(containernetworking-plugins iproute2 iputils-ping gcc libc6-dev openssl containerd runc)
+# python3-venv: Debian's python3.11 has no ensurepip without it, so `-m venv` fails.
+APT_PACKAGES=(containernetworking-plugins iproute2 iputils-ping gcc libc6-dev openssl containerd runc
+    python3-venv)
+APT=(apt-get -o DPkg::Lock::Timeout=300) # other setups may hold the lock
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -11,8 +14,8 @@ for p in "${APT_PACKAGES[@]}"; do
 done
 if ((${#missing[@]})); then
     echo "setup: installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    "${APT[@]}" update -qq
+    DEBIAN_FRONTEND=noninteractive "${APT[@]}" install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
 # The real interpreter, not a pyenv shim (the shim costs ~100 ms per exec).

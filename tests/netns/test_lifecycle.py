@@ -6,8 +6,25 @@ import json
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+from cni.errors import ErrorCode
 from tests.netns.conftest import Node, sh
+
+# What a plugin reports when its CHECK finds the container not as its ADD left it: the
+# reference plugins' generic code (Go's types.ErrInternal; the spec leaves every code from
+# 100 up to the plugin, and defines none of 1-99 for this), passed through by the engine.
+PLUGIN_ERROR = 999
+
+
+def _cached_results(cni_dir: Path) -> dict[str, list[str]]:
+    """The libcni result cache (`<cniDir>/results`, cni/cache.py): file names by container."""
+    results = cni_dir / "results"
+    found: dict[str, list[str]] = {}
+    for path in sorted(results.iterdir()) if results.exists() else []:
+        container = json.loads(path.read_bytes())["containerId"]
+        found.setdefault(container, []).append(path.name)
+    return found
 
 
 def _attached_pod(node: Node, name: str = "p") -> str:
@@ -91,6 +108,9 @@ def test_twenty_concurrent_adds_then_dels(node: Node) -> None:
     ips = [ip for pod in pods for s in node.network_status(pod) for ip in s["ips"]]
     assert len(ips) == 40 and len(set(ips)) == 40
     assert len(node.reserved_ips()) == 40
+    cached = _cached_results(node.cni_dir)
+    assert sorted(cached) == sorted(f"c-{p}" for p in pods)
+    assert all(len(names) == 2 for names in cached.values()), cached  # eth0 and net1
 
     with ThreadPoolExecutor(max_workers=20) as pool:
         deleted = list(
@@ -100,6 +120,8 @@ def test_twenty_concurrent_adds_then_dels(node: Node) -> None:
     assert node.reserved_ips() == []
     assert all(node.links(spaces[p]) == ["lo"] for p in pods)
     assert list((node.cni_dir / "records").iterdir()) == []
+    assert _cached_results(node.cni_dir) == {}
+    assert list((node.cni_dir / "results").iterdir()) == []  # no stray temporary files
 
 
 def test_check_passes_then_fails_when_an_address_is_removed(node: Node) -> None:
@@ -111,6 +133,8 @@ def test_check_passes_then_fails_when_an_address_is_removed(node: Node) -> None:
     error = node.error("CHECK", netns=netns, cid="c-p", pod="p")
 
     assert "default/macvlan-net (net1, macvlan)" in error["details"]
+    assert error["code"] == PLUGIN_ERROR
+    assert error["code"] not in set(ErrorCode)  # not a spec code claiming another cause
 
 
 def test_check_of_an_unknown_container(node: Node) -> None:

@@ -295,15 +295,53 @@ def test_gc_continues_past_errors(
     assert len(runtime.cache.entries("n")) == 2
 
 
+def _plugin_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [vars(r) for r in caplog.records if r.name == "plexus.cni" and hasattr(r, "ms")]
+
+
 def test_plugin_calls_are_logged(
     runtime: CNIRuntime, recorder: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
+    cid = "0123456789abcdef0123"
+    pod = (("IgnoreUnknown", "1"), ("K8S_POD_NAMESPACE", "apps"), ("K8S_POD_NAME", "web-0"))
     with caplog.at_level(logging.INFO, logger="plexus.cni"):
-        runtime.add(load({"cniVersion": "1.0.0", "name": "n", "type": "recorder"}), rt())
-    (record,) = [r for r in caplog.records if hasattr(r, "ms")]
-    fields = vars(record)
-    assert (fields["plugin"], fields["network"]) == ("recorder", "n")
-    assert fields["ms"] >= 0
+        runtime.add(
+            load({"cniVersion": "1.0.0", "name": "n", "type": "recorder"}), rt(cid, args=pod)
+        )
+    (fields,) = _plugin_lines(caplog)
+    assert fields["msg"] == "plugin add"  # identity in fields, not in the text
+    assert {k: fields[k] for k in ("cid", "pod", "plugin", "verb", "network", "outcome")} == {
+        "cid": "0123456789ab",
+        "pod": "apps/web-0",
+        "plugin": "recorder",
+        "verb": "add",
+        "network": "n",
+        "outcome": "ok",
+    }
+    assert isinstance(fields["ms"], float) and fields["ms"] >= 0
+
+
+def test_failed_plugin_calls_are_logged_with_their_error(
+    runtime: CNIRuntime, make_recorder_plugin: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    make_recorder_plugin(fail=("DEL",))
+    net = load({"cniVersion": "1.0.0", "name": "n", "type": "recorder"})
+    with caplog.at_level(logging.INFO, logger="plexus.cni"), pytest.raises(CNIError):
+        runtime.delete(net, rt(args=(("K8S_POD_NAME", "solo"),)))
+    (fields,) = _plugin_lines(caplog)
+    assert (fields["levelname"], fields["verb"], fields["outcome"]) == ("ERROR", "del", "error")
+    assert fields["cid"] == "cid1" and fields["pod"] == "default/solo"
+    assert "recorder says no" in fields["error"]
+
+
+def test_status_calls_are_logged_without_a_container(
+    runtime: CNIRuntime, recorder: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="plexus.cni"):
+        runtime.status(load({"cniVersion": "1.1.0", "name": "n", "type": "recorder"}))
+    (fields,) = _plugin_lines(caplog)
+    assert (fields["verb"], fields["plugin"]) == ("status", "recorder")
+    assert "cid" not in fields and "pod" not in fields
 
 
 _SKEL_PLUGIN = f"""\

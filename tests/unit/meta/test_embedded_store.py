@@ -242,6 +242,25 @@ def test_status_write_keeps_json(tmp_path: Path, store: EmbeddedStore) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == [".plexus-store.lock", "p.json"]
 
 
+def test_yml_files_are_found_and_written_back_as_yaml(tmp_path: Path, store: EmbeddedStore) -> None:
+    path = write(tmp_path, "p.yml", pod("p", namespace="apps"))
+    found = store.get_pod("apps", "p")
+    assert found is not None and found.uid == "uid-p"
+    assert [p.name for p in store.pods()] == ["p"]
+    store.set_network_status(found, STATUS)
+
+    text = path.read_text()
+    assert not text.lstrip().startswith("{")  # not rewritten as JSON
+    assert "network-status: |-\n" in text
+    expected = pod("p", namespace="apps")
+    expected["metadata"]["annotations"][NETWORK_STATUS_ANNOTATION] = STATUS
+    assert yaml.safe_load(text) == expected
+    assert list(yaml.safe_load(text)) == ["apiVersion", "kind", "metadata", "spec"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".plexus-store.lock", "p.yml"]
+    again = store.get_pod("apps", "p")
+    assert again is not None and again.annotations[NETWORK_STATUS_ANNOTATION] == STATUS
+
+
 def test_status_for_a_gone_pod_is_not_an_error(
     store: EmbeddedStore, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -1,0 +1,146 @@
+"""cni.logs: the JSON lines, where `configure` sends them, and nothing on stderr when off."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni import logs
+from cni.config import load_network_config
+from cni.logs import LOGGER_NAME, StepLogger, call_fields
+from cni.runtime import CNIRuntime, RuntimeConf
+
+
+@pytest.fixture
+def plexus_logger() -> Iterator[logging.Logger]:
+    """The `plexus` logger tree, restored afterwards (configure changes it process-wide)."""
+    root = logging.getLogger(LOGGER_NAME)
+    handlers, level, propagate = list(root.handlers), root.level, root.propagate
+    early = list(logs._early.records)  # what earlier tests logged: not this "process"
+    logs._early.records.clear()
+    yield root
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        if handler not in handlers:
+            handler.close()
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+    root.propagate = propagate
+    logs._early.records.clear()
+    logs._early.records.extend(early)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_no_file_and_no_stderr_means_nothing_on_stderr(
+    plexus_logger: logging.Logger, capfd: pytest.CaptureFixture[str]
+) -> None:
+    logs.configure("debug", "", to_stderr=False)
+    log = logging.getLogger(f"{LOGGER_NAME}.engine")
+    log.warning("a warning")
+    log.error("an error")
+    log.critical("a panic")
+    StepLogger("cni", cid="c1").error("a step error", plugin="x")
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+    assert [type(h) for h in plexus_logger.handlers] == [logging.NullHandler]
+
+
+def test_before_configure_nothing_reaches_stderr_and_it_is_replayed(
+    plexus_logger: logging.Logger, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # As a plugin runs: its config (which says where logs go) is read, and may warn,
+    # before logging is configured.
+    for handler in list(plexus_logger.handlers):
+        plexus_logger.removeHandler(handler)
+    plexus_logger.addHandler(logs._early)
+    plexus_logger.propagate = False  # as after an earlier configure: no root handlers
+    logging.getLogger(f"{LOGGER_NAME}.config").warning("unknown meta config key 'x' ignored")
+    assert capfd.readouterr() == ("", "")
+
+    log_file = tmp_path / "plexus.log"
+    logs.configure("info", str(log_file), to_stderr=False)
+    logging.getLogger(f"{LOGGER_NAME}.engine").info("after")
+    assert [(line["logger"], line["msg"]) for line in _lines(log_file)] == [
+        ("plexus.config", "unknown meta config key 'x' ignored"),
+        ("plexus.engine", "after"),
+    ]
+    assert capfd.readouterr() == ("", "")
+    assert not logs._early.records  # replayed once, not again on the next configure
+    logs.configure("info", str(log_file), to_stderr=False)
+    assert len(_lines(log_file)) == 2
+
+
+def test_stderr_gets_json_lines_at_the_level(
+    plexus_logger: logging.Logger, capfd: pytest.CaptureFixture[str]
+) -> None:
+    logs.configure("warning", "", to_stderr=True)
+    logging.getLogger(f"{LOGGER_NAME}.engine").info("hidden")
+    logging.getLogger(f"{LOGGER_NAME}.engine").warning("shown", extra={"cid": "c1"})
+    _, err = capfd.readouterr()
+    (line,) = [json.loads(text) for text in err.splitlines()]
+    assert (line["level"], line["msg"], line["cid"]) == ("warning", "shown", "c1")
+
+
+def test_plugin_call_lines_in_the_log_file(
+    plexus_logger: logging.Logger,
+    tmp_path: Path,
+    bin_dir: Path,
+    recorder: Any,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    log_file = tmp_path / "plexus.log"
+    logs.configure("info", str(log_file), to_stderr=False)
+    runtime = CNIRuntime([str(bin_dir)], tmp_path / "cache")
+    args = (("K8S_POD_NAMESPACE", "apps"), ("K8S_POD_NAME", "web-0"))
+    rt = RuntimeConf(container_id="f" * 64, netns="/run/netns/x", ifname="eth0", args=args)
+    net = load_network_config(b'{"cniVersion": "1.0.0", "name": "n", "type": "recorder"}')
+    runtime.add(net, rt)
+    (line,) = _lines(log_file)
+    assert {k: line[k] for k in ("logger", "msg", "cid", "pod", "plugin", "verb", "network")} == {
+        "logger": "plexus.cni",
+        "msg": "plugin add",
+        "cid": "f" * 12,
+        "pod": "apps/web-0",
+        "plugin": "recorder",
+        "verb": "add",
+        "network": "n",
+    }
+    assert line["ms"] >= 0 and line["outcome"] == "ok"
+    assert capfd.readouterr().err == ""
+
+
+def test_step_logger_binds_fields(caplog: pytest.LogCaptureFixture) -> None:
+    log = StepLogger("engine", verb="add", cid="c1").bind(pod="default/p")
+    with caplog.at_level(logging.INFO, logger=f"{LOGGER_NAME}.engine"):
+        with log.step("delegate add", network="n") as extra:
+            extra["ips"] = ["10.0.0.2"]
+        with pytest.raises(ValueError), log.step("delegate del"):
+            raise ValueError("boom")
+    ok, failed = (vars(r) for r in caplog.records)
+    assert (ok["verb"], ok["cid"], ok["pod"], ok["network"]) == ("add", "c1", "default/p", "n")
+    assert ok["ips"] == ["10.0.0.2"] and ok["outcome"] == "ok" and ok["ms"] >= 0
+    assert (failed["outcome"], failed["error"], failed["levelname"]) == ("error", "boom", "ERROR")
+
+
+@pytest.mark.parametrize(
+    ("container_id", "args", "expected"),
+    [
+        ("", {}, {}),
+        ("abc", {}, {"cid": "abc"}),
+        ("0123456789abcdef", {}, {"cid": "0123456789ab"}),
+        ("c", {"K8S_POD_NAME": "p"}, {"cid": "c", "pod": "default/p"}),
+        ("c", {"K8S_POD_NAMESPACE": "ns", "K8S_POD_NAME": "p"}, {"cid": "c", "pod": "ns/p"}),
+        ("c", {"K8S_POD_NAMESPACE": "ns"}, {"cid": "c"}),
+    ],
+)
+def test_call_fields(container_id: str, args: dict[str, str], expected: dict[str, str]) -> None:
+    assert call_fields(container_id, args) == expected
