@@ -6,6 +6,11 @@ cni.skel.dispatch in this process, which saves the fork/exec and interpreter sta
 a binary. Types listed in `exec_types`, and any type it does not host, go to the
 fallback executor (cni.invoke.ExecExecutor by default), which finds the binary in
 CNI_PATH.
+
+`exec_types` covers IPAM types too: every hosted plugin gets the set as `ipam_exec`, and
+execs an IPAM listed there (e.g. "host-local") from CNI_PATH instead of running
+delegates.ipam's in-process one. The set travels with the
+plugin instance, so two executors with different settings never interfere.
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ HOSTED: dict[str, tuple[str, str]] = {
 """Plugin type -> (module, class); modules are imported on first use."""
 
 
-def hosted_plugin(plugin_type: str) -> Plugin:
-    """A fresh instance of the in-process plugin for `plugin_type` (KeyError if none)."""
+def hosted_plugin(plugin_type: str, exec_types: Iterable[str] = ()) -> Plugin:
+    """A fresh instance of the in-process plugin for `plugin_type` (KeyError if none),
+    running the IPAM types in `exec_types` as binaries."""
     module, name = HOSTED[plugin_type]
     cls = getattr(importlib.import_module(module), name)
-    plugin: Plugin = cls()
+    plugin: Plugin = cls(ipam_exec=frozenset(exec_types))
     return plugin
 
 
@@ -54,7 +60,7 @@ class BuiltinExecutor:
             return self.fallback.run(plugin_type, stdin, env)
         args = cmd_args_from_env(env, stdin)
         try:
-            return dispatch(hosted_plugin(plugin_type), args)
+            return dispatch(hosted_plugin(plugin_type, self.exec_types), args)
         except CNIError:
             raise
         except Exception as exc:

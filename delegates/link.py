@@ -64,6 +64,7 @@ IFLA_PROP_LIST, IFLA_ALT_IFNAME = 52, 53
 NLA_F_NESTED = 0x8000
 IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
 IFLA_MACVLAN_MODE = IFLA_IPVLAN_MODE = 1  # u32 for macvlan, u16 for ipvlan
+IFLA_MACVLAN_BC_QUEUE_LEN = 7  # u32, Linux 5.11+
 IFA_ADDRESS, IFA_LOCAL, IFA_BROADCAST, IFA_FLAGS = 1, 2, 4, 8
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_METRICS, RTA_MULTIPATH, RTA_TABLE = (
     1, 4, 5, 6, 8, 9, 15,
@@ -194,9 +195,12 @@ def create_child(
     netns: int | None = None,
     mtu: int = 0,
     mac: str = "",
+    bcqueuelen: int = 0,
 ) -> None:
     """Create a macvlan/ipvlan `name` on link index `parent`, optionally straight into the
-    namespace behind descriptor `netns`. Raises the kernel error unchanged (OSError)."""
+    namespace behind descriptor `netns`. `mtu`, `mac` and a macvlan's `bcqueuelen` (broadcast
+    queue length) are sent only when set, so 0/"" leave the kernel's defaults, as
+    vishvananda/netlink does. Raises the kernel error unchanged (OSError)."""
     body = ifinfo() + attr_str(IFLA_IFNAME, name) + attr_u32(IFLA_LINK, parent)
     if netns is not None:
         body += attr_u32(IFLA_NET_NS_FD, netns)
@@ -204,8 +208,13 @@ def create_child(
         body += attr_u32(IFLA_MTU, mtu)
     if mac:
         body += attr(IFLA_ADDRESS, bytes.fromhex(mac.replace(":", "")))
-    mode_attr = attr_u32 if kind == "macvlan" else attr_u16
-    data = attr(IFLA_INFO_DATA, mode_attr(IFLA_MACVLAN_MODE, mode))
+    if kind == "macvlan":
+        data = attr_u32(IFLA_MACVLAN_MODE, mode)
+        if bcqueuelen:
+            data += attr_u32(IFLA_MACVLAN_BC_QUEUE_LEN, bcqueuelen)
+    else:
+        data = attr_u16(IFLA_IPVLAN_MODE, mode)
+    data = attr(IFLA_INFO_DATA, data)
     body += attr(IFLA_LINKINFO, attr_str(IFLA_INFO_KIND, kind) + data)
     nl.request(RTM_NEWLINK, body, NLM_F_CREATE | NLM_F_EXCL)
 

@@ -3,8 +3,10 @@
 Config: `master` (default: the interface of the default route), `mode`
 (bridge/private/vepa/passthru, and source), `mtu` (0..master's), `mac` (overridden by
 CNI_ARGS `MAC`, then by `runtimeConfig.mac`), `linkInContainer` (the master lives in
-the pod namespace, as in later reference versions) and an optional `ipam` (without it
-the interface is L2 only: up, no addresses). The 1.1.1 reference has no `bcqueuelen`.
+the pod namespace, as in later reference versions), `bcqueuelen` (the broadcast queue
+length, a uint32 as in later reference versions: set when the link is created, 0 or unset
+leaves the kernel's default, not compared by CHECK; the 1.1.1 reference ignores it) and
+an optional `ipam` (without it the interface is L2 only: up, no addresses).
 The lifecycle is delegates.sublink's.
 """
 
@@ -25,6 +27,7 @@ from delegates.sublink import (
     parse_prev_result,
 )
 
+UINT32_MAX = 0xFFFFFFFF
 MODES = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8, "source": 16}  # MACVLAN_MODE_*
 DEFAULT_MODE = "bridge"
 _MAC_FORMS = (
@@ -73,6 +76,12 @@ class MacvlanPlugin(SubLinkPlugin):
         raw = decode_conf(args.stdin)
         conf = common_fields(raw)
         conf.mac = go_field(raw, "mac", str, "string")
+        conf.bcqueuelen = go_field(raw, "bcqueuelen", int, "uint32")
+        if not 0 <= conf.bcqueuelen <= UINT32_MAX:  # Go refuses it when decoding the uint32
+            raise fail(
+                f"failed to load netconf: json: cannot unmarshal number {conf.bcqueuelen} "
+                "into Go struct field NetConf.bcqueuelen of type uint32"
+            )
         if args.args:
             conf.mac = mac_from_cni_args(args) or conf.mac
         runtime = go_field(raw, "runtimeConfig", dict, "struct")

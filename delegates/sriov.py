@@ -22,7 +22,7 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,10 +183,12 @@ def load_conf(stdin: bytes) -> SriovConf:
 
 
 class SriovPlugin:
-    """`type: sriov`; implements cni.skel.Plugin. `sysfs` is the root to find VFs under."""
+    """`type: sriov`; implements cni.skel.Plugin. `sysfs` is the root to find VFs under;
+    `ipam_exec`: IPAM types to exec from CNI_PATH instead of in-process (`execDelegates`)."""
 
-    def __init__(self, sysfs: str = "/sys") -> None:
+    def __init__(self, sysfs: str = "/sys", ipam_exec: Iterable[str] = ()) -> None:
         self.sysfs = sysfs
+        self.ipam_exec = frozenset(ipam_exec)
 
     def add(self, args: CmdArgs) -> Result:
         conf = load_conf(args.stdin)
@@ -241,7 +243,7 @@ class SriovPlugin:
         except BaseException:
             _quietly(lambda: self._undo(record, args))
             if conf.ipam_type:
-                _quietly(lambda: _ipam_del(conf, args))
+                _quietly(lambda: self._ipam_del(conf, args))
             path.unlink()
             raise
         return ipconfig.attached_result(iface, conf.dns, ipc)
@@ -249,9 +251,9 @@ class SriovPlugin:
     def _ipam(self, conf: SriovConf, args: CmdArgs) -> Result:
         from delegates.ipam import ipam_add
 
-        result = ipam_add(conf.raw, args)
+        result = ipam_add(conf.raw, args, exec_types=self.ipam_exec)
         if not result.ips:
-            _quietly(lambda: _ipam_del(conf, args))
+            _quietly(lambda: self._ipam_del(conf, args))
             raise fail("IPAM plugin returned missing IP config")
         return result
 
@@ -339,7 +341,7 @@ class SriovPlugin:
                 if lock.owner() in ("", key):
                     lock.remove()
         if conf.ipam_type:
-            _ipam_del(conf, args)
+            self._ipam_del(conf, args)
 
     def check(self, args: CmdArgs) -> None:
         conf = load_conf(args.stdin)
@@ -349,7 +351,7 @@ class SriovPlugin:
         if conf.ipam_type:
             from delegates.ipam import ipam_check
 
-            ipam_check(conf.raw, args)
+            ipam_check(conf.raw, args, exec_types=self.ipam_exec)
         mine = [i for i in prev.interfaces if i.name == args.ifname and i.sandbox == args.netns]
         if not mine:
             raise fail(f"prevResult has no interface {args.ifname} in {args.netns}")
@@ -370,13 +372,18 @@ class SriovPlugin:
     def status(self, args: CmdArgs) -> None:
         """Ready whenever the plugin can run."""
 
+    def _ipam_del(self, conf: SriovConf, args: CmdArgs) -> None:
+        from delegates.ipam import ipam_del
+
+        ipam_del(conf.raw, args, exec_types=self.ipam_exec)
+
     def gc(self, args: CmdArgs) -> None:
         """Pass GC to IPAM; VFs are returned by DEL."""
         conf = load_conf(args.stdin)
         if conf.ipam_type:
             from delegates.ipam import ipam_gc
 
-            ipam_gc(conf.raw, args)
+            ipam_gc(conf.raw, args, exec_types=self.ipam_exec)
 
 
 def _configure(tmp: str, conf: SriovConf, args: CmdArgs, ipc: Result | None) -> Interface:
@@ -424,12 +431,6 @@ def _verify(want: Interface, prev: Result, ifname: str) -> None:
             )
         ipconfig.verify_ips(ipr, link, prev.ips)
         ipconfig.verify_routes(ipr, prev, ifname)
-
-
-def _ipam_del(conf: SriovConf, args: CmdArgs) -> None:
-    from delegates.ipam import ipam_del
-
-    ipam_del(conf.raw, args)
 
 
 def _quietly(fn: Callable[[], object]) -> None:

@@ -8,14 +8,16 @@ exists deletes it and releases IPAM, so nothing is left behind. One netlink sock
 opened where the master lives and one inside the pod.
 
 CHECK and DEL follow the reference plugins (1.1.1); their messages are kept, and every
-plugin error has the reference's code 999.
+plugin error of our own has the reference's code 999. Deliberately (README, "Deliberate
+differences"): DEL never looks at the master, so it succeeds once the master is gone; a
+missing netns is code 3; in-process IPAM errors carry spec codes.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
@@ -98,6 +100,7 @@ class LinkConf:
     mode: int = 0  # IFLA_MACVLAN_MODE / IFLA_IPVLAN_MODE, as the kernel numbers it
     mtu: int = 0
     mac: str = ""
+    bcqueuelen: int = 0  # macvlan's broadcast queue length; 0 = the kernel's default
     link_in_container: bool = False
     ipam_type: str = ""
     dns: DNS = field(default_factory=DNS)
@@ -123,12 +126,19 @@ def common_fields(raw: dict[str, Any]) -> LinkConf:
 
 
 class SubLinkPlugin:
-    """ADD/CHECK/DEL/STATUS/GC for a link on a master; subclasses give the kind's config."""
+    """ADD/CHECK/DEL/STATUS/GC for a link on a master; subclasses give the kind's config.
+
+    `ipam_exec`: IPAM types to exec from CNI_PATH even though they run in-process by
+    default (the meta config's `execDelegates`, handed over by delegates.builtin).
+    """
 
     kind = ""
     mode_label = ""  # how CHECK's mode mismatch message names the kind
     check_master_mtu = True  # macvlan 1.1.1 checks mtu <= master's; ipvlan leaves it to the kernel
     modes: ClassVar[dict[str, int]] = {}  # config name -> kernel mode number
+
+    def __init__(self, ipam_exec: Iterable[str] = ()) -> None:
+        self.ipam_exec = frozenset(ipam_exec)
 
     def load(self, args: CmdArgs, command: str) -> LinkConf:
         raise NotImplementedError
@@ -143,11 +153,17 @@ class SubLinkPlugin:
             return None
         from delegates.ipam import ipam_add
 
-        result = ipam_add(conf.raw, args)
+        result = ipam_add(conf.raw, args, exec_types=self.ipam_exec)
         if not result.ips:
-            _release(conf, args)
+            self._release(conf, args)
             raise fail("IPAM plugin returned missing IP config")
         return result
+
+    def _release(self, conf: LinkConf, args: CmdArgs) -> None:
+        """Best-effort IPAM DEL after a failed ADD."""
+        from delegates.ipam import ipam_del
+
+        _quietly(lambda: ipam_del(conf.raw, args, exec_types=self.ipam_exec))
 
     # -- master side -----------------------------------------------------------------
 
@@ -181,6 +197,7 @@ class SubLinkPlugin:
                     netns=fd,
                     mtu=conf.mtu,
                     mac=conf.mac,
+                    bcqueuelen=conf.bcqueuelen,
                 )
             except Exception as exc:
                 raise fail(f"failed to create {self.kind}: {describe(exc)}") from None
@@ -200,7 +217,7 @@ class SubLinkPlugin:
             iface = run_in_netns(args.netns, lambda: self._configure(args, tmp, ipc))
         except BaseException:
             if conf.ipam_type:
-                _release(conf, args)
+                self._release(conf, args)
             raise
         return ipconfig.attached_result(iface, conf.dns, ipc)
 
@@ -229,7 +246,7 @@ class SubLinkPlugin:
         if conf.ipam_type:
             from delegates.ipam import ipam_check
 
-            ipam_check(conf.raw, args)
+            ipam_check(conf.raw, args, exec_types=self.ipam_exec)
         prev = conf.prev
         if prev is None:
             raise fail("Required prevResult missing")
@@ -270,7 +287,7 @@ class SubLinkPlugin:
         if go_field(ipam, "type", str, "string", "IPAM"):
             from delegates.ipam import ipam_del
 
-            ipam_del(raw, args)
+            ipam_del(raw, args, exec_types=self.ipam_exec)
         if not args.netns:
             return
         try:
@@ -287,7 +304,7 @@ class SubLinkPlugin:
         if go_field(go_field(raw, "ipam", dict, "types.IPAM"), "type", str, "string", "IPAM"):
             from delegates.ipam import ipam_gc
 
-            ipam_gc(raw, args)
+            ipam_gc(raw, args, exec_types=self.ipam_exec)
 
 
 def _with_netlink(fn: Callable[[Rtnl], T]) -> T:
@@ -297,12 +314,6 @@ def _with_netlink(fn: Callable[[Rtnl], T]) -> T:
 
 def _in_pod(args: CmdArgs, fn: Callable[[Rtnl], T]) -> T:
     return run_in_netns(args.netns, lambda: _with_netlink(fn))
-
-
-def _release(conf: LinkConf, args: CmdArgs) -> None:
-    from delegates.ipam import ipam_del
-
-    _quietly(lambda: ipam_del(conf.raw, args))
 
 
 def _quietly(fn: Callable[[], object]) -> None:

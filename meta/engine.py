@@ -50,6 +50,12 @@ class Engine:
         log = _call_log("add", args)
         self.node.wait_until_ready(log)
         with self.node.lock(args.container_id):
+            if not self.node.netns_exists(args.netns):
+                raise CNIError(
+                    ErrorCode.UNKNOWN_CONTAINER,
+                    f"network namespace {args.netns} does not exist",
+                    "the sandbox is gone or CNI_NETNS is wrong; nothing was attached",
+                )
             pod = self._find_pod(args, log)
             if pod is None and self._pod_expected(args):
                 log.warning("pod not found: returning an empty result without attaching anything")

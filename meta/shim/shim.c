@@ -27,11 +27,26 @@
 
 extern char **environ;
 
+/* The config's cniVersion once stdin is read (errors are reported in it, as the spec asks). */
+static const char *version = "1.0.0";
+
 static void fail(int code, const char *msg, const char *details) {
     /* A CNI error on stdout; messages here never contain JSON specials. */
-    printf("{\"cniVersion\":\"1.0.0\",\"code\":%d,\"msg\":\"%s\",\"details\":\"%s\"}\n",
-           code, msg, details);
+    printf("{\"cniVersion\":\"%s\",\"code\":%d,\"msg\":\"%s\",\"details\":\"%s\"}\n",
+           version, code, msg, details);
     exit(1);
+}
+
+static char *top_level_string(const char *json, size_t len, const char *key);
+
+/* Take the config's cniVersion for errors if it looks like one (digits and dots). */
+static void use_config_version(const char *json, size_t len) {
+    char *v = top_level_string(json, len, "cniVersion");
+    if (!v || !*v || strlen(v) > 16 || strspn(v, "0123456789.") != strlen(v)) {
+        free(v);
+        return;
+    }
+    version = v;
 }
 
 static char *read_stdin(size_t *len) {
@@ -45,7 +60,10 @@ static char *read_stdin(size_t *len) {
         if (r == 0) break;
         n += (size_t)r;
         if (n == cap) {
-            if (cap >= MAX_STDIN) fail(6, "plexus shim: config on stdin is too large", "");
+            if (cap >= MAX_STDIN) {
+                use_config_version(buf, n);
+                fail(6, "plexus shim: config on stdin is too large", "");
+            }
             cap *= 2;
             buf = realloc(buf, cap + 1);
         }
@@ -132,6 +150,7 @@ static void exec_thin(const char *input, size_t len, const char *why) {
 int main(void) {
     size_t in_len;
     char *input = read_stdin(&in_len);
+    use_config_version(input, in_len);
     char *dir = top_level_string(input, in_len, "socketDir");
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     int plen = snprintf(addr.sun_path, sizeof addr.sun_path, "%s/%s",

@@ -6,15 +6,20 @@ A world is a "host" namespace holding the master (the veth end `up0`, its peer u
 macvlan has a carrier) and a separate pod namespace. Plugins run on a thread that has
 entered the host namespace (exec'd binaries inherit it). The results must match modulo
 random MACs and namespace paths, and so must the kernel state in the pod: link kind,
-macvlan mode, MTU, flags, addresses, routes and the arp_notify/ndisc_notify sysctls.
+macvlan mode, broadcast queue length, MTU, flags, addresses, routes and the
+arp_notify/arp_filter/ndisc_notify sysctls, and disable_ipv6 of every pod interface.
 
-Known, deliberate differences from 1.1.1 (asserted as such below):
+Known, deliberate differences from 1.1.1 (asserted as such below; README lists them):
 - ndisc_notify: we set it to 1 when an IPv6 address goes on (as later reference versions
   do); 1.1.1 leaves it 0.
 - a route without `gw` in the result: CHECK accepts the route ADD installed through the
   default gateway; 1.1.1 fails it ("Expected Route ... not found").
-- a failure after IPAM (e.g. a route that cannot be added): we delete the link, 1.1.1
-  leaves it in the pod.
+- a failure once the link exists (IPAM, or a route that cannot be added): we delete the
+  link, 1.1.1 leaves it in the pod.
+- IPAM failures: our in-process IPAMs report spec codes, 1.1.1 999 (same messages).
+- DEL with the master gone or its MTU now below the config's: ours succeeds, 1.1.1 fails.
+- ADD into a missing netns: ours code 3 naming the path, 1.1.1 999 "failed to open netns".
+- mode `source`, `bcqueuelen` and cniVersion 1.1.0 are ours only.
 """
 
 from __future__ import annotations
@@ -34,13 +39,15 @@ import pytest
 
 from cni.config import load_network_config, plugin_stdin
 from cni.env import cni_env
-from cni.errors import CNIError
+from cni.errors import CNIError, ErrorCode
 from cni.invoke import ExecExecutor, Executor
 from delegates.builtin import BuiltinExecutor
+from delegates.link import PLUGIN_ERROR
 from delegates.netns import run_in_netns
 from meta.install import install_binaries
 
 REFERENCE = Path("/usr/lib/cni")
+KERNEL_BCQUEUELEN = 1000  # the macvlan broadcast queue length the kernel defaults to
 PREFIX = f"pxmd{os.getpid() % 100000}{uuid.uuid4().hex[:4]}"
 FLAVORS = ("ref", "exec", "inproc")
 FIXED_MAC = "02:12:34:56:78:9a"
@@ -86,11 +93,14 @@ class World:
     def ipam_dir(self) -> str:
         return str(self.root / "ipam")
 
-    def create(self, default_route: bool, pod_master: bool) -> None:
+    def create(self, default_route: bool, pod_master: bool, ipv6_off: bool = False) -> None:
         for ns in (self.host, self.pod):
             sh("ip", "netns", "add", ns)
             self.namespaces.append(ns)
             sh("ip", "link", "set", "lo", "up", ns=ns)
+        if ipv6_off:  # as runtimes that disable IPv6 leave a pod: ADD must turn it back on
+            for key in ("default", "lo"):
+                sh("sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1", ns=self.pod)
         self._veth(self.host, "up0", "up1")
         if default_route:
             sh("ip", "addr", "add", "192.0.2.2/24", "dev", "up0", ns=self.host)
@@ -147,12 +157,14 @@ def sweep() -> Iterator[None]:
 def worlds(tmp_path: Path) -> Iterator[Callable[..., dict[str, World]]]:
     made: list[World] = []
 
-    def make(default_route: bool = False, pod_master: bool = False) -> dict[str, World]:
+    def make(
+        default_route: bool = False, pod_master: bool = False, ipv6_off: bool = False
+    ) -> dict[str, World]:
         out = {}
         for flavor in FLAVORS:
             world = World(f"{len(made)}{flavor[0]}", tmp_path / f"{flavor}{len(made)}")
             made.append(world)
-            world.create(default_route, pod_master)
+            world.create(default_route, pod_master, ipv6_off)
             out[flavor] = world
         return out
 
@@ -242,13 +254,16 @@ def pod_state(world: World) -> dict[str, Any]:
         "links": links,
         "kind": info.get("info_kind"),
         "mode": info.get("info_data", {}).get("mode"),
+        "bcqueuelen": info.get("info_data", {}).get("bcqueuelen"),
         "mtu": link["mtu"],
         "flags": sorted(link["flags"]),
         "promiscuity": link.get("promiscuity"),
         "addrs": sorted(addrs),
         "routes": routes(ns),
     }
-    for key in ("ipv4/conf/eth0/arp_notify", "ipv6/conf/eth0/ndisc_notify"):
+    keys = ["ipv4/conf/eth0/arp_notify", "ipv4/conf/eth0/arp_filter", NDISC]
+    keys += [f"ipv6/conf/{name}/disable_ipv6" for name in links]
+    for key in keys:
         state[key] = sh("cat", f"/proc/sys/net/{key}", ns=ns).strip()
     return state
 
@@ -265,6 +280,8 @@ def routes(ns: str) -> list[tuple[Any, ...]]:
 
 
 # -- the matrix ------------------------------------------------------------------------------
+
+NDISC = "ipv6/conf/eth0/ndisc_notify"
 
 Conf = Callable[[World], dict[str, Any]]
 
@@ -316,11 +333,15 @@ class Case:
     pod_master: bool = False  # the master lives in the pod (linkInContainer)
     check: bool = True
     check_error: int = 0  # the code CHECK must fail with (all flavors), 0 = must pass
+    expect: dict[str, Any] = field(default_factory=dict)  # pod_state entries ADD must give
 
 
 def chained_tuning(world: World) -> dict[str, Any]:
     first = macvlan(mode="bridge", ipam=HL)(world)
-    tuning = {"type": "tuning", "promisc": True, "mtu": 1300}
+    # tuning 1.1.1 expands an IFNAME placeholder in sysctl keys on ADD but not on CHECK,
+    # so the key names the interface.
+    sysctl = {"net.ipv4.conf.eth0.arp_filter": "1"}
+    tuning = {"type": "tuning", "promisc": True, "mtu": 1300, "sysctl": sysctl}
     return {"cniVersion": "1.0.0", "name": "mvnet", "plugins": [first, tuning]}
 
 
@@ -394,14 +415,17 @@ CASES = [
         ),
         v6=True,
     ),
-    Case("chained-tuning", chained_tuning),
+    Case(
+        "chained-tuning",
+        chained_tuning,
+        expect={"ipv4/conf/eth0/arp_filter": "1", "promiscuity": 1, "mtu": 1300},
+    ),
     Case("link-in-container", link_in_container, pod_master=True),
     Case("default-route-master", macvlan(master=None, ipam=HL), default_route=True),
     Case("cni-0.3.1", macvlan(cniVersion="0.3.1", ipam=HL), check_error=1),
     Case("cni-0.4.0-l2", macvlan(cniVersion="0.4.0")),
     Case("cni-0.2.0", macvlan(cniVersion="0.2.0", ipam=HL), check_error=1),
 ]
-NDISC = "ipv6/conf/eth0/ndisc_notify"
 
 
 def add_all(
@@ -430,9 +454,12 @@ def add_all(
 def test_add_check_del_match_the_reference(
     case: Case, worlds: Callable[..., dict[str, World]], bin_dir: Path
 ) -> None:
-    ws = worlds(default_route=case.default_route, pod_master=case.pod_master)
+    ws = worlds(default_route=case.default_route, pod_master=case.pod_master, ipv6_off=case.v6)
     raw, states = add_all(case, ws, bin_dir)
     results = {f: normalize(raw[f], ws[f], case.fixed_mac) for f in ws}
+    if case.v6:  # the pod started with IPv6 off; ADD turns it on for lo and the interface
+        assert states["ref"]["ipv6/conf/lo/disable_ipv6"] == "0"
+        assert states["ref"]["ipv6/conf/eth0/disable_ipv6"] == "0"
     if case.v6:  # deliberate: we set ndisc_notify for IPv6, 1.1.1 does not
         assert states["ref"][NDISC] == "0"
         for flavor in ("exec", "inproc"):
@@ -442,6 +469,9 @@ def test_add_check_del_match_the_reference(
         assert results[flavor] == results["ref"], flavor
         assert states[flavor] == states["ref"], flavor
     assert states["ref"]["kind"] == "macvlan" and "UP" in states["ref"]["flags"]
+    assert states["ref"]["bcqueuelen"] == KERNEL_BCQUEUELEN
+    for key, value in case.expect.items():
+        assert states["ref"][key] == value, key
     if case.fixed_mac:
         assert raw["ref"]["interfaces"][0]["mac"] == FIXED_MAC
     for flavor, world in ws.items():
@@ -486,7 +516,8 @@ class Bad:
     net: Conf
     match: str = "equal"  # how our message relates to the reference's: equal/contains/prefix
     cni_args: tuple[tuple[str, str], ...] = ()
-    ref_leaks_link: bool = False  # a 1.1.1 bug: the link stays when ConfigureIface fails
+    ref_leaks_link: bool = False  # a 1.1.1 bug: the link stays when IPAM or ConfigureIface fails
+    ours_code: int = 0  # deliberate: our spec code where the reference reports 999 (0 = same)
 
 
 BAD = [
@@ -511,6 +542,35 @@ BAD = [
         match="prefix:failed to add route '",
         ref_leaks_link=True,
     ),
+    # Our in-process IPAMs report spec codes (delegates.ipam.common), the reference 999.
+    Bad(
+        "ipam-range-exhausted",
+        macvlan(
+            ipam=host_local(
+                [{"subnet": "10.51.0.0/24", "rangeStart": "10.51.0.1", "rangeEnd": "10.51.0.1"}]
+            )
+        ),
+        ref_leaks_link=True,
+        ours_code=ErrorCode.TRY_AGAIN_LATER,
+    ),
+    Bad(
+        "ipam-invalid-subnet",
+        macvlan(ipam=host_local([{"subnet": "10.52.0.1/24"}])),
+        ref_leaks_link=True,
+        ours_code=ErrorCode.INVALID_CONFIG,
+    ),
+    Bad(
+        "ipam-range-start-outside-subnet",
+        macvlan(ipam=host_local([{"subnet": "10.53.0.0/24", "rangeStart": "10.54.0.5"}])),
+        ref_leaks_link=True,
+        ours_code=ErrorCode.INVALID_CONFIG,
+    ),
+    Bad(
+        "ipam-static-address-invalid",
+        macvlan(ipam={"type": "static", "addresses": [{"address": "10.55.0.5"}]}),
+        ref_leaks_link=True,
+        ours_code=ErrorCode.INVALID_CONFIG,
+    ),
 ]
 
 
@@ -533,9 +593,11 @@ def test_bad_config_fails_like_the_reference_and_leaves_nothing(
         else:
             assert pod_links == ["lo"], flavor
     ref_code, ref_msg = errors["ref"]
+    if bad.ours_code:
+        assert ref_code == PLUGIN_ERROR, errors
     for flavor in ("exec", "inproc"):
         code, msg = errors[flavor]
-        assert code == ref_code, (flavor, errors)
+        assert code == (bad.ours_code or ref_code), (flavor, errors)
         if bad.match == "equal":
             assert msg == ref_msg
         elif bad.match == "contains":
@@ -586,6 +648,22 @@ def _drop_master(world: World, conf: dict[str, Any], prev: dict[str, Any]) -> No
     conf["master"] = "gone0"
 
 
+def _other_kind_in_place(world: World, conf: dict[str, Any], prev: dict[str, Any]) -> None:
+    """eth0 becomes a bridge (the test kernel has no dummy) with the same name, MAC,
+    addresses and routes."""
+    routes = json.loads(sh("ip", "-4", "-j", "route", "show", ns=world.pod))
+    sh("ip", "link", "del", "eth0", ns=world.pod)
+    sh("ip", "link", "add", "eth0", "address", FIXED_MAC, "type", "bridge", ns=world.pod)
+    sh("ip", "link", "set", "eth0", "up", ns=world.pod)
+    for ip in prev["ips"]:
+        sh("ip", "addr", "add", ip["address"], "dev", "eth0", ns=world.pod)
+    for r in routes:
+        if "gateway" in r:
+            sh("ip", "route", "replace", r["dst"], "via", r["gateway"], "dev", "eth0", ns=world.pod)
+    kind = json.loads(sh("ip", "-d", "-j", "link", "show", "eth0", ns=world.pod))[0]
+    assert kind["linkinfo"]["info_kind"] == "bridge" and kind["address"] == FIXED_MAC
+
+
 CHECKS: list[tuple[str, Callable[[World, dict[str, Any], dict[str, Any]], None], str]] = [
     ("passes", _break_nothing, ""),
     ("no-prev-result", _drop_prev, "equal"),
@@ -596,6 +674,7 @@ CHECKS: list[tuple[str, Callable[[World, dict[str, Any], dict[str, Any]], None],
     ("default-route-gone", _drop_default_route, "not found in routing table"),
     ("link-gone", _drop_link, "equal"),
     ("master-gone", _drop_master, "contains"),
+    ("kind-not-macvlan", _other_kind_in_place, "equal"),
 ]
 
 
@@ -686,6 +765,65 @@ def test_del_tolerates_what_the_reference_tolerates(
 HL_NET = macvlan(ipam=HL)
 
 
+@pytest.mark.parametrize("how", ["master-gone", "master-mtu-lowered"])
+def test_del_succeeds_where_the_reference_fails(
+    how: str, worlds: Callable[..., dict[str, World]], bin_dir: Path
+) -> None:
+    """Deliberate difference: 1.1.1's DEL runs loadConf, so it fails (999) when the master is
+    gone ("Link not found") or now has a smaller MTU than the config's, and releases nothing.
+    Ours never looks at the master on DEL: DEL must be idempotent and succeed once the
+    resources are gone (CNI spec), so the IP is released and nothing is left."""
+    ws = worlds()
+    net = macvlan(mtu=1500, ipam=HL)
+    errors = {}
+    for flavor, world in ws.items():
+        caller = Caller(flavor, bin_dir)
+        prev = caller.run(world, "ADD", net(world))
+        assert world.reserved_ips() != []
+        if how == "master-gone":  # the macvlan goes with its master
+            sh("ip", "link", "del", "up0", ns=world.host)
+        else:
+            sh("ip", "link", "set", "up0", "mtu", "1400", ns=world.host)
+        for _ in range(2):
+            kind, value = outcome(caller.run, world, "DEL", net(world), prev=prev)
+            if flavor == "ref":
+                assert kind == "error", value
+                errors[flavor] = value
+            else:
+                assert (kind, value) == ("ok", None), (flavor, value)
+        if flavor == "ref":
+            assert world.reserved_ips() != []  # what the refused DEL leaves behind
+            continue
+        assert world.reserved_ips() == [], flavor
+        assert world.links(world.pod) == ["lo"], flavor
+    want = (
+        "Link not found"
+        if how == "master-gone"
+        else "invalid MTU 1500, must be [0, master MTU(1400)]"
+    )
+    assert errors["ref"] == (PLUGIN_ERROR, want)
+
+
+def test_add_into_a_missing_netns(worlds: Callable[..., dict[str, World]], bin_dir: Path) -> None:
+    """Deliberate difference: ours fail with code 3 (unknown container) naming the path, the
+    reference with 999 "failed to open netns". Nothing is created, on the host, in IPAM or
+    at the path."""
+    ws = worlds()
+    for flavor, world in ws.items():
+        gone = f"/run/netns/{PREFIX}-{world.tag}-gone"
+        kind, value = outcome(Caller(flavor, bin_dir).run, world, "ADD", HL_NET(world), netns=gone)
+        assert kind == "error", value
+        code, msg = value
+        if flavor == "ref":
+            assert code == PLUGIN_ERROR and msg.startswith("failed to open netns"), value
+        else:
+            assert (code, gone in msg) == (ErrorCode.UNKNOWN_CONTAINER, True), value
+        assert not os.path.lexists(gone)
+        assert world.links(world.host) == ["lo", "up0", "up1"]
+        assert world.links(world.pod) == ["lo"]
+        assert world.reserved_ips() == []
+
+
 def test_source_mode_is_ours_only(worlds: Callable[..., dict[str, World]], bin_dir: Path) -> None:
     """1.1.1 rejects mode "source"; the kernel has it and so do we."""
     ws = worlds()
@@ -698,6 +836,40 @@ def test_source_mode_is_ours_only(worlds: Callable[..., dict[str, World]], bin_d
         assert pod_state(world)["mode"] == "source"
         Caller(flavor, bin_dir).run(world, "CHECK", net(world), prev=prev)
         Caller(flavor, bin_dir).run(world, "DEL", net(world), prev=prev)
+
+
+def test_bcqueuelen_is_ours_only(worlds: Callable[..., dict[str, World]], bin_dir: Path) -> None:
+    """`bcqueuelen` (later reference versions) sets the macvlan broadcast queue length when
+    the link is created; 0 leaves the kernel's default and CHECK does not compare it, as
+    upstream. 1.1.1 does not know the field: it ignores it, also when negative."""
+    ws = worlds()
+    ref, ours = ws["ref"], {f: ws[f] for f in ("exec", "inproc")}
+    for ignored in (2345, -1):
+        net = macvlan(bcqueuelen=ignored, ipam=HL)
+        prev = Caller("ref", bin_dir).run(ref, "ADD", net(ref))
+        assert pod_state(ref)["bcqueuelen"] == KERNEL_BCQUEUELEN
+        Caller("ref", bin_dir).run(ref, "DEL", net(ref), prev=prev)
+    for flavor, world in ours.items():
+        caller = Caller(flavor, bin_dir)
+        for value, want in ((2345, 2345), (0, KERNEL_BCQUEUELEN), (None, KERNEL_BCQUEUELEN)):
+            net = macvlan(bcqueuelen=value, ipam=HL)
+            prev = caller.run(world, "ADD", net(world))
+            shown = json.loads(sh("ip", "-d", "-j", "link", "show", "eth0", ns=world.pod))
+            assert shown[0]["linkinfo"]["info_data"]["bcqueuelen"] == want, (flavor, value)
+            assert pod_state(world)["bcqueuelen"] == want
+            caller.run(world, "CHECK", macvlan(bcqueuelen=7, ipam=HL)(world), prev=prev)
+            caller.run(world, "DEL", net(world), prev=prev)
+            assert world.links(world.pod) == ["lo"] and world.reserved_ips() == []
+        kind, err = outcome(caller.run, world, "ADD", macvlan(bcqueuelen=-1, ipam=HL)(world))
+        assert (kind, err) == (
+            "error",
+            (
+                PLUGIN_ERROR,
+                "failed to load netconf: json: cannot unmarshal number -1 into Go struct "
+                "field NetConf.bcqueuelen of type uint32",
+            ),
+        )
+        assert world.links(world.pod) == ["lo"] and world.reserved_ips() == []
 
 
 # -- speed -----------------------------------------------------------------------------------

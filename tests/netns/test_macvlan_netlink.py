@@ -1,9 +1,12 @@
 """The netlink helpers under the macvlan/ipvlan path (delegates.link on delegates.rtnl),
-against the kernel in throwaway namespaces; checked with iproute2 where it matters."""
+against the kernel in throwaway namespaces; checked with iproute2 where it matters. Also
+the in-process plugin as a whole where the kernel is needed: no descriptor leaks across
+many calls, and `execDelegates` routing its IPAM to the reference binary."""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import socket
 import subprocess
@@ -12,16 +15,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from ipaddress import ip_address, ip_interface, ip_network
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
+from cni.env import cni_env
+from cni.errors import CNIError
 from cni.result import IPInterface
 from delegates import link
+from delegates.builtin import BuiltinExecutor
 from delegates.netns import run_in_netns
 from delegates.rtnl import Rtnl
 
 T = TypeVar("T")
+REFERENCE = Path("/usr/lib/cni")
 
 if os.geteuid() != 0:
     pytest.skip("needs root to create network namespaces", allow_module_level=True)
@@ -84,6 +92,20 @@ def test_macvlan_created_in_the_pod_with_its_attributes(pair: Pair) -> None:
     assert (got.kind, got.mode, got.mtu, got.mac) == ("macvlan", 4, 1400, "02:11:22:33:44:55")
     assert pair.in_host(lambda nl: link.find_link(nl, "plxtest")) is None
     assert "macvlan mode bridge" in ip("-n", pair.pod, "-d", "link", "show", "plxtest")
+
+
+def test_macvlan_bcqueuelen(pair: Pair) -> None:
+    pair.macvlan(bcqueuelen=4321)
+    pair.macvlan("plxdflt")
+    data = {
+        name: json.loads(ip("-n", pair.pod, "-d", "-j", "link", "show", name))[0]["linkinfo"][
+            "info_data"
+        ]
+        for name in ("plxtest", "plxdflt")
+    }
+    assert data["plxtest"]["bcqueuelen"] == 4321
+    assert data["plxdflt"]["bcqueuelen"] == 1000  # not sent: the kernel's default
+    assert data["plxdflt"]["usedbcqueuelen"] == 4321  # the port uses the largest request
 
 
 def test_rename_and_up_then_delete(pair: Pair) -> None:
@@ -163,3 +185,121 @@ def test_multipath_routes_give_one_entry_per_hop(pair: Pair) -> None:
     up0, up1 = (pair.in_host(partial(link.find_link, name=n)) for n in ("up0", "up1"))
     assert up0 is not None and up1 is not None
     assert hops == {("10.5.0.2", up0.index), ("10.6.0.2", up1.index)}
+
+
+# -- the in-process plugin ------------------------------------------------------------------
+
+
+def _conf(data_dir: Path, master: str = "up0", ipam: str = "host-local") -> bytes:
+    return json.dumps(
+        {
+            "cniVersion": "1.0.0",
+            "name": "fdnet",
+            "type": "macvlan",
+            "master": master,
+            "ipam": {
+                "type": ipam,
+                "dataDir": str(data_dir),
+                "ranges": [[{"subnet": "10.66.0.0/24", "gateway": "10.66.0.1"}]],
+                "routes": [{"dst": "0.0.0.0/0"}],
+            },
+        }
+    ).encode()
+
+
+def _call(
+    pair: Pair,
+    executor: BuiltinExecutor,
+    verb: str,
+    stdin: bytes,
+    netns: str,
+    cid: str,
+    path: str = str(REFERENCE),
+) -> bytes:
+    """One call of the in-process macvlan, from inside the host namespace."""
+    env = cni_env(verb, cid, netns, "eth0", (), [path])
+    return run_in_netns(f"/run/netns/{pair.host}", partial(executor.run, "macvlan", stdin, env))
+
+
+def _with_prev(stdin: bytes, prev: bytes) -> bytes:
+    return json.dumps({**json.loads(stdin), "prevResult": json.loads(prev)}).encode()
+
+
+def _open_fds() -> list[str]:
+    return sorted(os.listdir("/proc/self/fd"))
+
+
+def test_no_descriptor_leaks_over_many_calls(pair: Pair, tmp_path: Path) -> None:
+    """50 rounds of in-process ADD/CHECK/DEL, a failing ADD (no such master) and a DEL after
+    the pod namespace is gone: the process holds exactly the descriptors it held before."""
+    executor = BuiltinExecutor()
+    good, bad = _conf(tmp_path / "ipam"), _conf(tmp_path / "ipam", master="nope0")
+    pod = f"/run/netns/{pair.pod}"
+
+    def round_trip(i: int) -> None:
+        prev = _call(pair, executor, "ADD", good, pod, f"c{i}")
+        _call(pair, executor, "CHECK", _with_prev(good, prev), pod, f"c{i}")
+        _call(pair, executor, "DEL", good, pod, f"c{i}")
+        with pytest.raises(CNIError) as info:
+            _call(pair, executor, "ADD", bad, pod, f"bad{i}")
+        assert "nope0" in info.value.msg
+        gone = f"{pair.pod}-g"
+        ip("netns", "add", gone)
+        try:
+            _call(pair, executor, "ADD", good, f"/run/netns/{gone}", f"g{i}")
+        finally:
+            ip("netns", "del", gone)
+        _call(pair, executor, "DEL", good, f"/run/netns/{gone}", f"g{i}")
+
+    round_trip(-1)  # imports, caches and the like are allowed once
+    before = _open_fds()
+    for i in range(50):
+        round_trip(i)
+    assert _open_fds() == before
+    assert ip("-n", pair.pod, "-br", "link").split()[0] == "lo"
+    assert sorted(p.name for p in (tmp_path / "ipam" / "fdnet").iterdir()) == [
+        "last_reserved_ip.0",
+        "lock",
+    ]
+
+
+def test_exec_delegates_runs_ipam_from_cni_path(pair: Pair, tmp_path: Path) -> None:
+    """execDelegates ["host-local"]: the in-process macvlan execs the reference host-local
+    binary for its IPAM, with the same result, addresses and leases as all in-process."""
+    if not os.access(REFERENCE / "host-local", os.X_OK):
+        pytest.skip("needs the reference host-local")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "host-local.log"
+    wrapper = bin_dir / "host-local"
+    wrapper.write_text(
+        f'#!/bin/sh\necho "$CNI_COMMAND" >> {log}\nexec {REFERENCE / "host-local"}\n'
+    )
+    wrapper.chmod(0o755)
+    pods = {"inproc": f"/run/netns/{pair.pod}", "exec": f"/run/netns/{pair.pod}-x"}
+    ip("netns", "add", os.path.basename(pods["exec"]))
+    try:
+        out: dict[str, Any] = {}
+        for flavor, types in (("inproc", set()), ("exec", {"host-local"})):
+            executor = BuiltinExecutor(exec_types=types)
+            conf = _conf(tmp_path / flavor)
+            pod = pods[flavor]
+            raw = _call(pair, executor, "ADD", conf, pod, "c1", str(bin_dir))
+            result = json.loads(raw)
+            for iface in result["interfaces"]:
+                iface["mac"], iface["sandbox"] = "<mac>", "<pod>"
+            addrs = ip("-n", os.path.basename(pod), "-4", "-br", "addr", "show", "eth0").split()
+            leases = sorted(p.name for p in (tmp_path / flavor / "fdnet").iterdir())
+            out[flavor] = (result, addrs[2:], leases)
+            _call(pair, executor, "CHECK", _with_prev(conf, raw), pod, "c1", str(bin_dir))
+            _call(pair, executor, "DEL", conf, pod, "c1", str(bin_dir))
+            assert not any(
+                p.name.startswith("10.") for p in (tmp_path / flavor / "fdnet").iterdir()
+            )
+            if flavor == "inproc":
+                assert not log.exists()
+        assert out["exec"] == out["inproc"]
+        assert out["exec"][1] == ["10.66.0.2/24"]
+        assert log.read_text().split() == ["ADD", "CHECK", "DEL"]
+    finally:
+        subprocess.run(["ip", "netns", "del", os.path.basename(pods["exec"])], capture_output=True)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
@@ -14,8 +16,11 @@ from cni.skel import UNEXPECTED_ERROR
 from delegates import builtin
 from delegates.builtin import BuiltinExecutor
 from delegates.link import PLUGIN_ERROR
+from delegates.sriov import SriovPlugin
+from delegates.sublink import SubLinkPlugin
 from meta.config import load_meta_config
 from meta.install import BINARIES
+from meta.plugin import MetaPlugin
 
 
 class Recorder:
@@ -75,7 +80,7 @@ def test_a_crash_becomes_the_unexpected_error(monkeypatch: pytest.MonkeyPatch) -
         def add(self, args: object) -> None:
             raise RuntimeError("kaboom")
 
-    monkeypatch.setattr(builtin, "hosted_plugin", lambda plugin_type: Boom())
+    monkeypatch.setattr(builtin, "hosted_plugin", lambda plugin_type, exec_types: Boom())
     with pytest.raises(CNIError) as info:
         BuiltinExecutor().run("macvlan", CONF.replace(b'"x"', b'"bridge"'), _env())
     assert (info.value.code, info.value.msg, info.value.details) == (
@@ -90,6 +95,68 @@ def test_meta_config_exec_delegates() -> None:
     assert load_meta_config(json.dumps(base).encode()).exec_delegates == []
     conf = load_meta_config(json.dumps({**base, "execDelegates": ["macvlan"]}).encode())
     assert conf.exec_delegates == ["macvlan"]
+
+
+def test_exec_delegates_reach_the_meta_plugins_executor() -> None:
+    base = {"cniVersion": "1.1.0", "name": "p", "type": "plexus", "delegates": [{"type": "b"}]}
+    conf = load_meta_config(json.dumps({**base, "execDelegates": ["host-local"]}).encode())
+    executor = MetaPlugin(configure_logging=False).engine_for(conf, []).runtime.executor
+    assert isinstance(executor, BuiltinExecutor)
+    assert executor.exec_types == {"host-local"} and executor.hosts("macvlan")
+
+
+def test_hosted_plugins_get_the_exec_types_for_their_ipam() -> None:
+    for kind in ("macvlan", "ipvlan", "sriov"):
+        plugin = builtin.hosted_plugin(kind, {"host-local", "macvlan"})
+        plain = builtin.hosted_plugin(kind)
+        assert isinstance(plugin, SubLinkPlugin | SriovPlugin)
+        assert isinstance(plain, SubLinkPlugin | SriovPlugin)
+        assert plugin.ipam_exec == {"host-local", "macvlan"} and plain.ipam_exec == frozenset()
+
+
+# A stand-in IPAM binary: logs its verb and container, answers ADD with a fixed address.
+FAKE_IPAM = """\
+import json, os, sys
+sys.stdin.read()
+with open(os.path.join(os.path.dirname(sys.argv[0]), "calls.log"), "a") as f:
+    f.write(os.environ["CNI_COMMAND"] + " " + os.environ["CNI_CONTAINERID"] + "\\n")
+if os.environ["CNI_COMMAND"] == "ADD":
+    print(json.dumps({"cniVersion": "1.0.0", "ips": [{"address": "192.0.2.9/24"}]}))
+"""
+
+
+@pytest.mark.parametrize("ipam", ["host-local", "static"])
+def test_exec_types_route_a_hosted_plugins_ipam(ipam: str, tmp_path: Path) -> None:
+    """DEL without a netns only touches IPAM: in-process unless its type is in exec_types."""
+    fake = tmp_path / ipam
+    fake.write_text(f"#!{sys.executable} -I\n{FAKE_IPAM}")
+    fake.chmod(0o755)
+    conf = {
+        "cniVersion": "1.0.0",
+        "name": "n",
+        "type": "macvlan",
+        "deviceID": "0000:00:00.0",
+        "dataDir": str(tmp_path / "sriov"),
+        "ipam": {
+            "type": ipam,
+            "dataDir": str(tmp_path / "data"),
+            "ranges": [[{"subnet": "192.0.2.0/24"}]],
+            "addresses": [{"address": "192.0.2.9/24"}],
+        },
+    }
+    stdin = json.dumps(conf).encode()
+    for plugin_type in ("macvlan", "ipvlan", "sriov"):
+        env = cni_env("DEL", f"in-{plugin_type}", "", "eth0", (), [str(tmp_path)])
+        assert BuiltinExecutor(fallback=Recorder()).run(plugin_type, stdin, env) == b""
+        env = cni_env("DEL", f"ex-{plugin_type}", "", "eth0", (), [str(tmp_path)])
+        executor = BuiltinExecutor(exec_types={ipam, "bridge"}, fallback=Recorder())
+        assert executor.run(plugin_type, stdin, env) == b""
+    assert (tmp_path / "calls.log").read_text().split("\n") == [
+        "DEL ex-macvlan",
+        "DEL ex-ipvlan",
+        "DEL ex-sriov",
+        "",
+    ]
 
 
 def test_binaries_are_installed() -> None:

@@ -80,8 +80,41 @@ def test_macvlan_mtu_type(value: Any, kind: str) -> None:
 
 
 def test_macvlan_null_fields_mean_zero_values() -> None:
-    conf = MacvlanPlugin().load(_args(_macvlan(mtu=None, mode=None, mac=None)), "ADD")
-    assert (conf.mtu, conf.mode, conf.mac) == (0, 4, "")
+    conf = MacvlanPlugin().load(
+        _args(_macvlan(mtu=None, mode=None, mac=None, bcqueuelen=None)), "ADD"
+    )
+    assert (conf.mtu, conf.mode, conf.mac, conf.bcqueuelen) == (0, 4, "", 0)
+
+
+@pytest.mark.parametrize("value", [0, 1, 2000, 0xFFFFFFFF])
+def test_macvlan_bcqueuelen_is_a_uint32(value: int) -> None:
+    assert MacvlanPlugin().load(_args(_macvlan(bcqueuelen=value)), "ADD").bcqueuelen == value
+    assert MacvlanPlugin().load(_args(_macvlan()), "ADD").bcqueuelen == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        (-1, "number -1"),
+        (0x100000000, "number 4294967296"),
+        (1.5, "number 1.5"),
+        ("1000", "string"),
+        (True, "bool"),
+    ],
+)
+def test_macvlan_bad_bcqueuelen(value: Any, kind: str) -> None:
+    """As upstream's `BcQueueLen uint32`: Go's decoder refuses it (negative ones too)."""
+    err = _error(MacvlanPlugin(), _macvlan(bcqueuelen=value))
+    assert (err.code, err.msg) == (
+        PLUGIN_ERROR,
+        f"failed to load netconf: json: cannot unmarshal {kind} into Go struct field "
+        "NetConf.bcqueuelen of type uint32",
+    )
+
+
+def test_ipvlan_has_no_bcqueuelen() -> None:
+    conf = _ipvlan(bcqueuelen=-1, ipam={"type": "static"})
+    assert IPvlanPlugin().load(_args(conf), "ADD").bcqueuelen == 0
 
 
 @pytest.mark.parametrize("where", ["config", "runtimeConfig", "CNI_ARGS"])

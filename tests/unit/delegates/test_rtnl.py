@@ -76,7 +76,29 @@ def test_create_child_sends_one_newlink_with_every_attribute() -> None:
     assert attrs[link.IFLA_ADDRESS] == bytes.fromhex("021122334455")
     info = parse_attrs(attrs[link.IFLA_LINKINFO])
     assert get_str(info, link.IFLA_INFO_KIND) == "macvlan"
-    assert get_u32(parse_attrs(info[link.IFLA_INFO_DATA]), link.IFLA_MACVLAN_MODE) == 4
+    data = parse_attrs(info[link.IFLA_INFO_DATA])
+    assert get_u32(data, link.IFLA_MACVLAN_MODE) == 4
+    assert link.IFLA_MACVLAN_BC_QUEUE_LEN not in data  # 0: the kernel's default
+
+
+def test_macvlan_bcqueuelen_is_a_u32_in_info_data() -> None:
+    nl = Recorder()
+    link.create_child(nl, "macvlan", "plxtmp", 3, 4, bcqueuelen=2345)
+    link.create_child(nl, "ipvlan", "plxtmp", 3, 1, bcqueuelen=2345)  # macvlan only
+    datas = [
+        parse_attrs(
+            parse_attrs(parse_attrs(body, link.IFINFO.size)[link.IFLA_LINKINFO])[
+                link.IFLA_INFO_DATA
+            ]
+        )
+        for _, body, _ in nl.sent
+    ]
+    assert link.IFLA_MACVLAN_BC_QUEUE_LEN == 7
+    assert datas[0] == {
+        link.IFLA_MACVLAN_MODE: struct.pack("=I", 4),
+        link.IFLA_MACVLAN_BC_QUEUE_LEN: struct.pack("=I", 2345),
+    }
+    assert datas[1] == {link.IFLA_IPVLAN_MODE: struct.pack("=H", 1)}
 
 
 def test_ipvlan_mode_is_a_u16_and_optional_attributes_are_left_out() -> None:

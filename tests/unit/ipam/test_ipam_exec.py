@@ -11,7 +11,7 @@ import pytest
 
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
-from delegates.ipam import ipam_add, ipam_check, ipam_del, ipam_gc
+from delegates.ipam import IN_PROCESS, ipam_add, ipam_check, ipam_del, ipam_gc, runs_in_process
 
 # Logs each call; ADD answers with a 0.2.0 result (converted by the caller), FAIL=1 fails.
 PLUGIN = """\
@@ -94,3 +94,38 @@ def test_missing_plugin_and_missing_type(bin_dir: Path) -> None:
         with pytest.raises(CNIError) as err:
             ipam_add(bad, cmd(bin_dir))
         assert err.value.code == ErrorCode.INVALID_CONFIG
+
+
+@pytest.mark.parametrize("kind", ["host-local", "static"])
+def test_exec_types_exec_an_in_process_ipam(kind: str, bin_dir: Path) -> None:
+    """An IPAM type listed in exec_types (execDelegates) is exec'd for every verb."""
+    (bin_dir / kind).symlink_to(bin_dir / "fake-ipam")
+    conf = {
+        **CONF,
+        "runtimeConfig": {},
+        "ipam": {
+            "type": kind,
+            "dataDir": str(bin_dir / "data"),
+            "ranges": [[{"subnet": "198.51.100.0/24"}]],
+            "addresses": [{"address": "198.51.100.5/24"}],
+        },
+    }
+    in_process = ipam_add(conf, cmd(bin_dir))
+    assert not (bin_dir / "calls.log").exists()
+    assert str(in_process.ips[0].address).startswith("198.51.100.")
+    assert runs_in_process(kind) and not runs_in_process(kind, {kind})
+    exec_types = {kind, "macvlan"}
+    result = ipam_add(conf, cmd(bin_dir), exec_types=exec_types)
+    assert result.to_dict("1.1.0")["ips"] == [{"address": "192.0.2.7/24", "gateway": "192.0.2.1"}]
+    ipam_check(conf, cmd(bin_dir), exec_types=exec_types)
+    ipam_gc(conf, cmd(bin_dir), exec_types=exec_types)
+    ipam_del(conf, cmd(bin_dir), exec_types=exec_types)
+    assert [c["env"]["CNI_COMMAND"] for c in calls(bin_dir)] == ["ADD", "CHECK", "GC", "DEL"]
+    assert all(c["conf"] == conf for c in calls(bin_dir))
+    ipam_del(conf, cmd(bin_dir), exec_types={"static" if kind == "host-local" else "host-local"})
+    assert len(calls(bin_dir)) == 4  # another type listed: still in process
+
+
+def test_only_host_local_and_static_run_in_process() -> None:
+    assert sorted(IN_PROCESS) == ["host-local", "static"]
+    assert not runs_in_process("dhcp") and not runs_in_process("whereabouts", ())

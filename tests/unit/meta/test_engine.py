@@ -40,7 +40,7 @@ def engine_for(tmp_path: Path, bin_dir: Path, types: list[str], **keys: Any) -> 
 
 
 def cmd(verb: str, container_id: str = CID) -> CmdArgs:
-    return CmdArgs(verb, container_id, "/var/run/netns/fake", "eth0", (), (), b"")
+    return CmdArgs(verb, container_id, "/proc/self/ns/net", "eth0", (), (), b"")
 
 
 def verbs(recorder: Recorder) -> list[str]:
