@@ -1,16 +1,21 @@
-"""Fixtures for the unit tier: real reference plugins and small fake plugins (named as such)."""
+"""Fixtures for the unit tier: real reference plugins, small fake plugins (named as such)
+and the `plexus` logger tree."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from cni import logs
+from cni.logs import LOGGER_NAME
 
 REFERENCE_DIR = "/usr/lib/cni"
 HOST_LOCAL = os.path.join(REFERENCE_DIR, "host-local")
@@ -99,3 +104,23 @@ def host_local() -> str:
     if not os.access(HOST_LOCAL, os.X_OK):
         pytest.skip(f"reference plugin {HOST_LOCAL} is not installed")
     return REFERENCE_DIR
+
+
+@pytest.fixture
+def plexus_logger() -> Iterator[logging.Logger]:
+    """The `plexus` logger tree, restored afterwards (configure changes it process-wide)."""
+    root = logging.getLogger(LOGGER_NAME)
+    handlers, level, propagate = list(root.handlers), root.level, root.propagate
+    early = list(logs._early.records)  # what earlier tests logged: not this "process"
+    logs._early.records.clear()
+    yield root
+    logs._early.records.clear()
+    logs._early.records.extend(early)
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        if handler not in handlers:
+            handler.close()
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+    root.propagate = propagate

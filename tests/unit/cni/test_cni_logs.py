@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,26 +13,6 @@ from cni import logs
 from cni.config import load_network_config
 from cni.logs import LOGGER_NAME, StepLogger, call_fields
 from cni.runtime import CNIRuntime, RuntimeConf
-
-
-@pytest.fixture
-def plexus_logger() -> Iterator[logging.Logger]:
-    """The `plexus` logger tree, restored afterwards (configure changes it process-wide)."""
-    root = logging.getLogger(LOGGER_NAME)
-    handlers, level, propagate = list(root.handlers), root.level, root.propagate
-    early = list(logs._early.records)  # what earlier tests logged: not this "process"
-    logs._early.records.clear()
-    yield root
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        if handler not in handlers:
-            handler.close()
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(level)
-    root.propagate = propagate
-    logs._early.records.clear()
-    logs._early.records.extend(early)
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:

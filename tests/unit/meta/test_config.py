@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cni import logs
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
-from cni.logs import LOGGER_NAME
 from meta import config
 from meta.config import MetaConfig, load_meta_config
 from meta.daemon.config import DaemonConfig
@@ -209,25 +206,6 @@ def test_bad_configs(data: bytes, code: int, words: str) -> None:
         load_meta_config(data)
     assert caught.value.code == code
     assert words in str(caught.value)
-
-
-@pytest.fixture
-def plexus_logger() -> Iterator[logging.Logger]:
-    """The `plexus` logger tree, restored afterwards (configure changes it process-wide)."""
-    root = logging.getLogger(LOGGER_NAME)
-    handlers, level, propagate = list(root.handlers), root.level, root.propagate
-    early = list(logs._early.records)  # what earlier tests logged: not this "process"
-    logs._early.records.clear()
-    yield root
-    logs._early.records.extend(early)
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-        if handler not in handlers:
-            handler.close()
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(level)
-    root.propagate = propagate
 
 
 @pytest.mark.parametrize("log_file", [True, False])
