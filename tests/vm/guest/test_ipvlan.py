@@ -6,7 +6,18 @@ is not supported. As in tests/netns/test_macvlan_differential.py each case runs 
 three fresh worlds: the reference binary, our binary (exec'd) and our in-process plugin
 (BuiltinExecutor); a world is a host namespace holding the master (a dummy, or a VLAN
 on it) plus a pod namespace. Results must match modulo namespace paths, and so must the
-pod's kernel state. Deliberate difference: ndisc_notify is 1 with IPv6 on our side.
+pod's kernel state. CHECK of a broken pod, DEL of what is already gone and bad configs
+must fail (or pass) like the reference, with its code and a message related to its as in
+the host test, leaving no link or host-local reservation behind.
+
+1.1.1 has no `linkInContainer`: for a master in the pod, the reference runs inside the
+pod as a stand-in. Known, deliberate differences from 1.1.1 (asserted as such below):
+- ndisc_notify is 1 with IPv6 on our side.
+- with `master` omitted (chained: prevResult's interface; else the default route's),
+  1.1.1's CHECK looks up master "" and fails; ours checks the pod.
+- without `ipam` and without IPs in a prevResult, 1.1.1 creates the link, execs IPAM type
+  "" ("no plugin name provided") and leaves the link; ours refuses the config first.
+- CHECK's missing-route message spells the route differently.
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,22 +90,50 @@ def bin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-class World:
-    """Host namespace with `master0` (a dummy, up) and maybe `master0.100`; a pod namespace."""
+MASTER_MAC = "02:70:00:00:00:01"  # every master's, so messages naming a MAC compare across worlds
+POD_MASTER = "cmaster0"
 
-    def __init__(self, tag: str, root: Path, vlan: bool) -> None:
+
+class World:
+    """Host namespace with `master0` (a dummy, up) and maybe `master0.100`; a pod namespace.
+
+    `default_route`: master0 carries the host's default route. `pod_master`: the pod holds
+    its own master, POD_MASTER (linkInContainer); the 1.1.1 reference lacks that option,
+    so `call` runs it inside the pod as a stand-in.
+    """
+
+    def __init__(
+        self,
+        tag: str,
+        root: Path,
+        vlan: bool = False,
+        default_route: bool = False,
+        pod_master: bool = False,
+    ) -> None:
         self.host, self.pod = f"{PREFIX}-{tag}-h", f"{PREFIX}-{tag}-p"
         self.cid = f"{PREFIX}-{tag}"
         self.ipam_dir = str(root / "ipam")
+        self.pod_master = pod_master
         for ns in (self.host, self.pod):
             ip("netns", "add", ns)
             ip("link", "set", "lo", "up", ns=ns)
-        ip("link", "add", "master0", "type", "dummy", ns=self.host)
-        ip("link", "set", "master0", "up", ns=self.host)
+        self._dummy(self.host, "master0")
         if vlan:
             vlan_args = ("link", "master0", "name", "master0.100", "type", "vlan", "id", "100")
             ip("link", "add", *vlan_args, ns=self.host)
             ip("link", "set", "master0.100", "up", ns=self.host)
+        if default_route:
+            ip("addr", "add", "192.0.2.2/24", "dev", "master0", ns=self.host)
+            ip("route", "add", "default", "via", "192.0.2.1", ns=self.host)
+        if pod_master:
+            self._dummy(self.pod, POD_MASTER)
+        # what each namespace holds when no plugin has left anything behind
+        self.host_links, self.pod_links = self.links(self.host), self.links(self.pod)
+
+    @staticmethod
+    def _dummy(ns: str, name: str) -> None:
+        ip("link", "add", name, "address", MASTER_MAC, "type", "dummy", ns=ns)
+        ip("link", "set", name, "up", ns=ns)
 
     @property
     def pod_path(self) -> str:
@@ -110,21 +150,33 @@ class World:
         files = Path(self.ipam_dir).rglob("*")
         return sorted(p.name for p in files if p.is_file() and p.name[0].isdigit())
 
+    def assert_clean(self) -> None:
+        """Nothing left behind: no links beyond the world's own, no host-local reservation."""
+        assert self.links(self.host) == self.host_links
+        assert self.links(self.pod) == self.pod_links
+        assert self.reserved_ips() == []
+
 
 @pytest.fixture
-def worlds(tmp_path: Path) -> Iterator[Callable[[bool], dict[str, World]]]:
+def worlds(tmp_path: Path) -> Iterator[Callable[..., dict[str, World]]]:
+    """make(**World options): one fresh world per flavor."""
     made: list[World] = []
 
-    def make(vlan: bool = False) -> dict[str, World]:
+    def make(**opts: bool) -> dict[str, World]:
         out = {}
         for flavor in FLAVORS:
-            made.append(World(f"{len(made)}", tmp_path / f"w{len(made)}", vlan))
+            made.append(World(f"{len(made)}", tmp_path / f"w{len(made)}", **opts))
             out[flavor] = made[-1]
         return out
 
     yield make
     for world in made:
         world.destroy()
+
+
+def root_links() -> list[str]:
+    """The links of the VM's root namespace (where the test itself runs)."""
+    return sorted(x["ifname"] for x in json.loads(ip("-j", "link", "show").stdout))
 
 
 def call(
@@ -134,14 +186,18 @@ def call(
     verb: str,
     conf: dict[str, Any],
     prev: dict[str, Any] | None = None,
+    netns: str | None = None,
 ) -> dict[str, Any] | None:
-    """One plugin call on a thread inside the world's host namespace."""
+    """One plugin call on a thread inside the world's host namespace (the reference's inside
+    the pod when the pod holds the master); CNI_NETNS is the pod unless `netns` is given."""
     executor: Executor = BuiltinExecutor() if flavor == "inproc" else ExecExecutor(timeout=120)
     path = [str(bin_dir if flavor == "exec" else REFERENCE)]
     net = load_network_config(json.dumps(conf).encode())
     stdin = plugin_stdin(net, net.plugins[0], {}, prev)
-    env = cni_env(verb, world.cid, world.pod_path, "eth0", (), path)
-    out = run_in_netns(f"/run/netns/{world.host}", lambda: executor.run(conf["type"], stdin, env))
+    env = cni_env(verb, world.cid, world.pod_path if netns is None else netns, "eth0", (), path)
+    where = world.pod if flavor == "ref" and world.pod_master else world.host
+    out = run_in_netns(f"/run/netns/{where}", lambda: executor.run(conf["type"], stdin, env))
+    assert verb == "ADD" or out == b"", (verb, out)
     return json.loads(out) if verb == "ADD" else None
 
 
@@ -165,6 +221,7 @@ def pod_state(world: World) -> dict[str, Any]:
         "mode": info.get("info_data", {}).get("mode"),
         "mtu": link["mtu"],
         "flags": sorted(link["flags"]),
+        "promiscuity": link.get("promiscuity"),
         "addrs": sorted(
             (a["family"], a["local"], a["prefixlen"], a.get("broadcast"), a.get("scope"))
             for a in link["addr_info"]
@@ -186,11 +243,37 @@ def pod_state(world: World) -> dict[str, Any]:
 
 
 def normalize(value: Any, world: World) -> Any:
-    """A result with the world's pod path and MACs (the dummy master's are random) masked."""
-    out = json.loads(json.dumps(value).replace(world.pod_path, "<pod>"))
-    for iface in out.get("interfaces", []):
-        iface["mac"] = "<mac>"
+    """A result or error with the world's namespaces and (in a result) MACs masked: a
+    macvlan's MAC is random."""
+    text = json.dumps(value).replace(world.pod_path, "<pod>").replace(world.host, "<host>")
+    out = json.loads(text)
+    if isinstance(out, dict):
+        for iface in out.get("interfaces", []):
+            iface["mac"] = "<mac>"
     return out
+
+
+def assert_errors_match(errors: dict[str, Any], match: str) -> None:
+    """Our flavors failed with the reference's code, and a message related to its by
+    `match`: equal; contains (ours has the reference's and more); prefix:<text> (both start
+    with it); substring:<text> (both contain it); ours:<text> (a deliberate difference: ours
+    is exactly <text>, the reference's something else)."""
+    ref_code, ref_msg = errors["ref"]
+    for flavor in ("exec", "inproc"):
+        code, msg = errors[flavor]
+        assert code == ref_code, (flavor, errors)
+        if match == "equal":
+            assert msg == ref_msg, (flavor, errors)
+        elif match == "contains":
+            assert ref_msg in msg and len(msg) > len(ref_msg), (flavor, errors)
+        elif match.startswith("prefix:"):
+            prefix = match.removeprefix("prefix:")
+            assert msg.startswith(prefix) and ref_msg.startswith(prefix), (flavor, errors)
+        elif match.startswith("ours:"):
+            assert msg == match.removeprefix("ours:") != ref_msg, (flavor, errors)
+        else:
+            text = match.removeprefix("substring:")
+            assert match.startswith("substring:") and text in msg and text in ref_msg, errors
 
 
 HL = {
@@ -224,30 +307,62 @@ def conf_for(world: World, **fields: Any) -> dict[str, Any]:
     return {k: v for k, v in conf.items() if v is not None}
 
 
-CASES: list[tuple[str, dict[str, Any], bool]] = [
-    # (id, config fields, the master is the VLAN sub-interface)
-    ("l2", {"mode": "l2", "ipam": HL}, False),
-    ("l3", {"mode": "l3", "ipam": HL}, False),
-    ("l3s", {"mode": "l3s", "ipam": HL}, False),
-    ("default-mode", {"ipam": HL}, False),
-    ("mtu-1400", {"mtu": 1400, "ipam": HL}, False),
-    ("mtu-above-master-accepted", {"mtu": 9000, "ipam": HL}, False),  # 1.1.1 does not check
-    ("dual-stack-l2", {"mode": "l2", "ipam": DUAL}, False),
-    ("chained-prev-result-master", {"master": None, "prevResult": CHAINED_PREV}, False),
-    ("ipvlan-on-vlan", {"master": "master0.100", "mode": "l2", "ipam": HL}, True),
-    ("macvlan-on-vlan", {"type": "macvlan", "master": "master0.100", "ipam": HL}, True),
-    ("macvlan-l2-on-vlan", {"type": "macvlan", "master": "master0.100", "mode": "vepa"}, True),
+# 1.1.1's CHECK never resolves an omitted master (chained or default route): it looks up "".
+REF_CHECK_NO_MASTER = ("error", (999, 'failed to lookup master "": Link not found'))
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    fields: dict[str, Any]
+    vlan: bool = False  # the host has master0.100
+    default_route: bool = False  # master0 carries the host's default route
+    pod_master: bool = False  # the master is POD_MASTER, in the pod (linkInContainer)
+    ref_checks: bool = True  # False: 1.1.1's CHECK fails (REF_CHECK_NO_MASTER), ours passes
+
+
+CASES = [
+    Case("l2", {"mode": "l2", "ipam": HL}),
+    Case("l3", {"mode": "l3", "ipam": HL}),
+    Case("l3s", {"mode": "l3s", "ipam": HL}),
+    Case("default-mode", {"ipam": HL}),
+    Case("mtu-1400", {"mtu": 1400, "ipam": HL}),
+    Case("mtu-above-master-accepted", {"mtu": 9000, "ipam": HL}),  # 1.1.1 does not check
+    Case("dual-stack-l2", {"mode": "l2", "ipam": DUAL}),
+    Case(
+        "chained-prev-result-master",
+        {"master": None, "prevResult": CHAINED_PREV},
+        ref_checks=False,
+    ),
+    Case(
+        "default-route-master",
+        {"master": None, "mode": "l3", "ipam": HL},
+        default_route=True,
+        ref_checks=False,
+    ),
+    Case(
+        "link-in-container",
+        {"master": POD_MASTER, "linkInContainer": True, "mode": "l2", "ipam": HL},
+        pod_master=True,
+    ),
+    Case("ipvlan-on-vlan", {"master": "master0.100", "mode": "l2", "ipam": HL}, vlan=True),
+    Case("macvlan-on-vlan", {"type": "macvlan", "master": "master0.100", "ipam": HL}, vlan=True),
+    Case(
+        "macvlan-l2-on-vlan",
+        {"type": "macvlan", "master": "master0.100", "mode": "vepa"},
+        vlan=True,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("fields", "vlan"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_add_check_del_match_the_reference(
-    fields: dict[str, Any], vlan: bool, worlds: Callable[[bool], dict[str, World]], bin_dir: Path
+    case: Case, worlds: Callable[..., dict[str, World]], bin_dir: Path
 ) -> None:
-    ws = worlds(vlan)
+    ws = worlds(vlan=case.vlan, default_route=case.default_route, pod_master=case.pod_master)
     raw, results, states = {}, {}, {}
     for flavor, world in ws.items():
-        conf = conf_for(world, **fields)
+        conf = conf_for(world, **case.fields)
         prev = conf.pop("prevResult", None)
         kind, value = outcome(call, flavor, bin_dir, world, "ADD", conf, prev)
         assert kind == "ok", f"{flavor} ADD failed: {value}"
@@ -255,7 +370,7 @@ def test_add_check_del_match_the_reference(
         results[flavor] = normalize(value, world)
         states[flavor] = pod_state(world)
     ndisc = "ipv6/conf/eth0/ndisc_notify"
-    if fields.get("ipam") is DUAL:  # deliberate: 1.1.1 does not set ndisc_notify
+    if case.fields.get("ipam") is DUAL:  # deliberate: 1.1.1 does not set ndisc_notify
         assert states["ref"][ndisc] == "0"
         for flavor in ("exec", "inproc"):
             assert states[flavor][ndisc] == "1"
@@ -263,65 +378,174 @@ def test_add_check_del_match_the_reference(
     for flavor in ("exec", "inproc"):
         assert results[flavor] == results["ref"], flavor
         assert states[flavor] == states["ref"], flavor
-    assert states["ref"]["kind"] == fields.get("type", "ipvlan")
+    kind = case.fields.get("type", "ipvlan")
+    assert states["ref"]["kind"] == kind
     assert "UP" in states["ref"]["flags"]
-    if fields.get("type", "ipvlan") == "ipvlan":  # an ipvlan link has its master's MAC
-        for flavor, world in ws.items():
-            master = fields.get("master") or "master0"
-            (info,) = json.loads(ip("-j", "link", "show", "dev", master, ns=world.host).stdout)
-            assert raw[flavor]["interfaces"][0]["mac"] == info["address"], flavor
+    if kind == "ipvlan":  # an ipvlan link has its master's MAC
+        assert {r["interfaces"][0]["mac"] for r in raw.values()} == {MASTER_MAC}
     for flavor, world in ws.items():
-        conf = conf_for(world, **fields)
+        conf = conf_for(world, **case.fields)
         conf.pop("prevResult", None)
-        if conf.get("master"):  # 1.1.1's ipvlan CHECK cannot look up a chained master
-            call(flavor, bin_dir, world, "CHECK", conf, raw[flavor])
+        checked = outcome(call, flavor, bin_dir, world, "CHECK", conf, raw[flavor])
+        if flavor == "ref" and not case.ref_checks:
+            assert checked == REF_CHECK_NO_MASTER
+        else:
+            assert checked == ("ok", None), (flavor, checked)
         for _ in range(2):
             call(flavor, bin_dir, world, "DEL", conf, raw[flavor])
-            assert world.links(world.pod) == ["lo"]
-            assert world.reserved_ips() == []
+            world.assert_clean()
 
 
-BAD: list[tuple[str, dict[str, Any], str]] = [
-    # (id, config fields, how our message relates to the reference's)
-    ("unknown-mode", {"mode": "l4", "ipam": HL}, "equal"),
-    ("missing-master", {"master": "nope0", "ipam": HL}, "code"),
-    ("chained-without-single-interface", {"master": None, "prevResult": {"ips": []}}, "equal"),
-    ("no-ipam-no-prev-result", {}, "code"),
+@dataclass(frozen=True)
+class Bad:
+    id: str
+    fields: dict[str, Any]
+    match: str = "equal"  # how our message relates to the reference's: see assert_errors_match
+    ref_leaks_link: bool = False  # 1.1.1 creates the link before IPAM and leaves it there
+
+
+BAD = [
+    Bad("unknown-mode", {"mode": "l4", "ipam": HL}),
+    Bad("mtu-not-an-int", {"mtu": "1400", "ipam": HL}),
+    Bad("missing-master", {"master": "nope0", "ipam": HL}),
+    Bad("no-default-route", {"master": None, "ipam": HL}),
+    Bad("chained-without-single-interface", {"master": None, "prevResult": {"ips": []}}),
+    Bad(  # 1.1.1 execs IPAM type "" and fails with "no plugin name provided"
+        "no-ipam-no-prev-result",
+        {},
+        match="ours:ipvlan needs IP addresses: set an IPAM plugin in 'ipam.type'",
+        ref_leaks_link=True,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("fields", "match"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_bad_config_fails_like_the_reference(
-    fields: dict[str, Any], match: str, worlds: Callable[[bool], dict[str, World]], bin_dir: Path
+@pytest.mark.parametrize("bad", BAD, ids=[b.id for b in BAD])
+def test_bad_config_fails_like_the_reference_and_leaves_nothing(
+    bad: Bad, worlds: Callable[..., dict[str, World]], bin_dir: Path
 ) -> None:
-    ws = worlds(False)
+    before = root_links()
+    ws = worlds()
     errors = {}
     for flavor, world in ws.items():
-        conf = conf_for(world, **fields)
+        conf = conf_for(world, **bad.fields)
         prev = conf.pop("prevResult", None)
         kind, value = outcome(call, flavor, bin_dir, world, "ADD", conf, prev)
         assert kind == "error", f"{flavor} accepted a bad config: {value}"
         errors[flavor] = value
-        assert world.reserved_ips() == []
-        if flavor != "ref":  # 1.1.1 leaves its link behind when IPAM cannot run
-            assert world.links(world.pod) == ["lo"]
-    for flavor in ("exec", "inproc"):
-        assert errors[flavor][0] == errors["ref"][0], errors
-        if match == "equal":
-            assert errors[flavor][1] == errors["ref"][1], errors
+        if flavor == "ref" and bad.ref_leaks_link:
+            assert world.links(world.pod) == ["eth0", "lo"]
+            ip("link", "del", "eth0", ns=world.pod)
+        world.assert_clean()
+        assert root_links() == before
+    assert_errors_match(errors, bad.match)
 
 
-def test_check_fails_like_the_reference_on_a_mode_change(
-    worlds: Callable[[bool], dict[str, World]], bin_dir: Path
+# -- CHECK -----------------------------------------------------------------------------------
+
+CHECK_FIELDS: dict[str, Any] = {"mode": "l2", "ipam": HL}
+Breaker = Callable[[World, dict[str, Any], dict[str, Any]], None]
+
+
+def _break_nothing(world: World, conf: dict[str, Any], prev: dict[str, Any]) -> None:
+    pass
+
+
+def _drop_prev(world: World, conf: dict[str, Any], prev: dict[str, Any]) -> None:
+    prev.clear()
+
+
+def _other_mode(world: World, conf: dict[str, Any], prev: dict[str, Any]) -> None:
+    conf["mode"] = "l3"
+
+
+def _other_mac(world: World, conf: dict[str, Any], prev: dict[str, Any]) -> None:
+    prev["interfaces"][0]["mac"] = "02:00:00:00:00:99"
+
+
+def _other_sandbox(world: World, conf: dict[str, Any], prev: dict[str, Any]) -> None:
+    prev["interfaces"][0]["sandbox"] = "/run/netns/elsewhere"
+
+
+def _drop_address(world: World, conf: dict[str, Any], prev: dict[str, Any]) -> None:
+    ip("addr", "del", prev["ips"][0]["address"], "dev", "eth0", ns=world.pod)
+
+
+def _drop_default_route(world: World, conf: dict[str, Any], prev: dict[str, Any]) -> None:
+    ip("route", "del", "default", ns=world.pod)
+
+
+def _drop_link(world: World, conf: dict[str, Any], prev: dict[str, Any]) -> None:
+    ip("link", "del", "eth0", ns=world.pod)
+
+
+def _other_kind(world: World, conf: dict[str, Any], prev: dict[str, Any]) -> None:
+    _drop_link(world, conf, prev)
+    ip("link", "add", "eth0", "type", "dummy", ns=world.pod)
+
+
+def _drop_master(world: World, conf: dict[str, Any], prev: dict[str, Any]) -> None:
+    conf["master"] = "gone0"
+
+
+CHECKS: list[tuple[str, Breaker, str]] = [
+    ("passes", _break_nothing, ""),
+    ("no-prev-result", _drop_prev, "equal"),
+    ("mode-changed", _other_mode, "equal"),
+    ("mac-mismatch", _other_mac, "equal"),
+    ("sandbox-mismatch", _other_sandbox, "equal"),
+    ("address-gone", _drop_address, "equal"),
+    ("default-route-gone", _drop_default_route, "substring:not found in routing table"),
+    ("link-gone", _drop_link, "equal"),
+    ("link-not-ipvlan", _other_kind, "equal"),
+    ("master-gone", _drop_master, "equal"),
+]
+
+
+@pytest.mark.parametrize(("breaker", "match"), [c[1:] for c in CHECKS], ids=[c[0] for c in CHECKS])
+def test_check_fails_like_the_reference(
+    breaker: Breaker, match: str, worlds: Callable[..., dict[str, World]], bin_dir: Path
 ) -> None:
-    ws = worlds(False)
-    messages = {}
+    ws = worlds()
+    outcomes = {}
     for flavor, world in ws.items():
-        prev = call(flavor, bin_dir, world, "ADD", conf_for(world, mode="l2", ipam=HL))
-        conf = conf_for(world, mode="l3", ipam=HL)
-        messages[flavor] = outcome(call, flavor, bin_dir, world, "CHECK", conf, prev)
-    assert messages["ref"] == (
-        "error",
-        (999, "Container IPVlan mode l2 does not match expected value: l3"),
-    )
-    assert messages["exec"] == messages["ref"] and messages["inproc"] == messages["ref"]
+        prev = call(flavor, bin_dir, world, "ADD", conf_for(world, **CHECK_FIELDS))
+        assert prev is not None
+        conf = conf_for(world, **CHECK_FIELDS)
+        breaker(world, conf, prev)
+        kind, value = outcome(call, flavor, bin_dir, world, "CHECK", conf, prev or None)
+        outcomes[flavor] = (kind, normalize(value, world))
+    if not match:
+        assert all(o == ("ok", None) for o in outcomes.values()), outcomes
+        return
+    assert all(kind == "error" for kind, _ in outcomes.values()), outcomes
+    assert_errors_match({f: tuple(value) for f, (_, value) in outcomes.items()}, match)
+
+
+# -- DEL -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["netns-gone", "no-netns", "link-gone"])
+def test_del_tolerates_what_the_reference_tolerates(
+    how: str, worlds: Callable[..., dict[str, World]], bin_dir: Path
+) -> None:
+    ws = worlds()
+    outcomes, states = {}, {}
+    for flavor, world in ws.items():
+        conf = conf_for(world, **CHECK_FIELDS)
+        prev = call(flavor, bin_dir, world, "ADD", conf)
+        netns = None
+        if how == "netns-gone":
+            ip("netns", "del", world.pod)
+        elif how == "no-netns":
+            netns = ""
+        else:
+            ip("link", "del", "eth0", ns=world.pod)
+        outcomes[flavor] = [
+            outcome(call, flavor, bin_dir, world, "DEL", conf, prev, netns) for _ in range(2)
+        ]
+        assert world.reserved_ips() == [] and world.links(world.host) == world.host_links
+        states[flavor] = pod_state(world) if how != "netns-gone" else {}
+    assert outcomes["exec"] == outcomes["inproc"] == [("ok", None)] * 2, outcomes
+    assert outcomes["ref"] == outcomes["exec"], outcomes
+    # Without CNI_NETNS only IPAM is released: the link stays until the netns goes.
+    assert states["exec"] == states["ref"] and states["inproc"] == states["ref"]
