@@ -101,8 +101,11 @@ def test_add_waits_for_the_readiness_indicator_then_gives_up(
     assert str(indicator) in raised.value.msg
     assert recorder.calls() == [], "no delegate may run before the default network is ready"
 
-    threading.Timer(0.1, indicator.touch).start()
+    monkeypatch.setattr(node_module, "READINESS_WAIT_SECONDS", 30)
+    timer = threading.Timer(0.2, indicator.touch)
+    timer.start()
     engine.add(cmd("ADD"))
+    timer.join()
     assert verbs(recorder) == ["ADD"]
 
 
