@@ -17,6 +17,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from cni.errors import CNIError
+
 LOGGER_NAME = "plexus"
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -132,6 +134,8 @@ class StepLogger:
         try:
             yield extra
         except Exception as exc:
+            if isinstance(exc, CNIError):
+                extra["code"] = exc.code
             self.error(msg, **extra, ms=_ms(start), outcome="error", error=str(exc))
             raise
         self.info(msg, **extra, ms=_ms(start), outcome="ok")

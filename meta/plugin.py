@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from cni import logs
 from cni.env import CmdArgs
 from cni.invoke import Executor
+from cni.logs import StepLogger
 from cni.result import Result
 from cni.runtime import CNIRuntime
 from meta.config import MetaConfig, load_meta_config
@@ -80,16 +82,30 @@ class MetaPlugin:
         return Engine(conf, source, runtime, Node(conf, self.locks), devices)
 
     def add(self, args: CmdArgs) -> Result:
-        return self.engine(args).add(args)
+        with _summary("add", args):
+            return self.engine(args).add(args)
 
     def delete(self, args: CmdArgs) -> None:
-        self.engine(args).delete(args)
+        with _summary("del", args):
+            self.engine(args).delete(args)
 
     def check(self, args: CmdArgs) -> None:
-        self.engine(args).check(args)
+        with _summary("check", args):
+            self.engine(args).check(args)
 
     def status(self, args: CmdArgs) -> None:
-        self.engine(args).status(args)
+        with _summary("status", args):
+            self.engine(args).status(args)
 
     def gc(self, args: CmdArgs) -> None:
-        self.engine(args).gc(args)
+        with _summary("gc", args):
+            self.engine(args).gc(args)
+
+
+@contextmanager
+def _summary(verb: str, args: CmdArgs) -> Iterator[None]:
+    """One line per call when it ends: its identity, total ms, and the outcome (with the
+    CNI error code and message when it failed), whatever step it failed in."""
+    log = StepLogger("call", verb=verb, **logs.call_fields(args.container_id, dict(args.args)))
+    with log.step(f"cni {verb}", netns=args.netns, ifname=args.ifname):
+        yield

@@ -265,3 +265,26 @@ def test_logs_have_one_line_per_step_with_identity_and_timing(node: Node) -> Non
         assert step["cid"] == "c-logged" and step["pod"] == "default/logged"
         assert step["outcome"] == "ok" and step["ms"] > 0 and step["ips"]
     assert any(line["msg"] == "write network-status" for line in lines)
+    (summary,) = [line for line in lines if line["msg"] == "cni add"]
+    assert (summary["cid"], summary["pod"], summary["ifname"]) == (
+        "c-logged",
+        "default/logged",
+        "eth0",
+    )
+    assert summary["outcome"] == "ok" and summary["ms"] >= sum(s["ms"] for s in steps)
+
+
+def test_logs_end_each_call_with_its_outcome_and_error_code(node: Node) -> None:
+    node.pod("no-sandbox")
+    gone = "/run/netns/plexus-test-no-such-sandbox"
+    assert node.error("ADD", netns=gone, cid="c-gone", pod="no-sandbox")["code"] == 3
+
+    lines = [json.loads(line) for line in (node.root / "plexus.log").read_text().splitlines()]
+    (summary,) = [line for line in lines if line["msg"] == "cni add"]
+    assert (summary["cid"], summary["pod"], summary["netns"]) == (
+        "c-gone",
+        "default/no-sandbox",
+        gone,
+    )
+    assert (summary["level"], summary["outcome"], summary["code"]) == ("error", "error", 3)
+    assert gone in summary["error"]

@@ -11,6 +11,7 @@ import pytest
 
 from cni import logs
 from cni.config import load_network_config
+from cni.errors import CNIError, ErrorCode
 from cni.logs import LOGGER_NAME, StepLogger, call_fields
 from cni.runtime import CNIRuntime, RuntimeConf
 
@@ -108,6 +109,19 @@ def test_step_logger_binds_fields(caplog: pytest.LogCaptureFixture) -> None:
     assert (ok["verb"], ok["cid"], ok["pod"], ok["network"]) == ("add", "c1", "default/p", "n")
     assert ok["ips"] == ["10.0.0.2"] and ok["outcome"] == "ok" and ok["ms"] >= 0
     assert (failed["outcome"], failed["error"], failed["levelname"]) == ("error", "boom", "ERROR")
+    assert "code" not in failed
+
+
+def test_step_logger_names_the_cni_error_code(caplog: pytest.LogCaptureFixture) -> None:
+    log = StepLogger("engine", verb="add")
+    with (
+        caplog.at_level(logging.INFO, logger=f"{LOGGER_NAME}.engine"),
+        pytest.raises(CNIError),
+        log.step("cni add"),
+    ):
+        raise CNIError(ErrorCode.UNKNOWN_CONTAINER, "netns gone", "nothing attached")
+    (failed,) = (vars(r) for r in caplog.records)
+    assert (failed["code"], failed["error"]) == (3, "netns gone: nothing attached")
 
 
 @pytest.mark.parametrize(
