@@ -10,7 +10,7 @@ from tests.vm import vm
 
 # The first test pays for the boot (the session fixture); vm.py kills the VM itself
 # at vm.TIMEOUT, this is only the outer guard.
-pytestmark = pytest.mark.timeout(2 * vm.TIMEOUT + 120)  # a stalled boot is retried once
+pytestmark = pytest.mark.timeout((vm.STALL_RETRIES + 1) * vm.TIMEOUT + 120)
 
 
 def _no_result(run: vm.GuestRun, lines: int = 60) -> str:

@@ -14,10 +14,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parents[2]
 GUEST_DIR = REPO / "tests" / "vm" / "guest"
@@ -32,6 +34,8 @@ TIMEOUT = float(os.environ.get("PLEXUS_VM_TIMEOUT", "900"))
 # No console output for this long means a wedged guest: each guest test prints a
 # character when it ends and times out after 120 s.
 STALL_SECONDS = 240.0
+# Boots after a wedged one (see run_guest_suite).
+STALL_RETRIES = 2
 IN_VM_ENV = "PLEXUS_IN_VM"
 RESULTS_ENV = "PLEXUS_VM_RESULTS"
 
@@ -212,10 +216,17 @@ def _selection_arg(results_dir: Path, selected: list[str]) -> str:
 
 
 def vng_argv(results_dir: Path, command: str) -> list[str]:
-    """The vng invocation: software emulation, 1 GiB, results shared read-write."""
+    """The vng invocation: software emulation, one vCPU, 1 GiB, results shared read-write.
+
+    One vCPU because QEMU's multi-threaded TCG can abort while the guest enables or
+    removes igb VFs (`iotlb_to_section: Assertion ... failed`, seen with 2 vCPUs on
+    QEMU 10.0): one vCPU thread cannot race the memory map it changes itself.
+    """
     return [
         str(VNG_BIN / "vng"),
         "--disable-kvm",
+        "--cpus",
+        "1",
         "-m",
         "1G",
         f"--rwdir={results_dir}",
@@ -247,15 +258,18 @@ def run_guest_suite(
 ) -> GuestRun:
     """Boot once, run the guest tests, and always leave no VM behind.
 
-    Under software emulation the guest kernel occasionally wedges (seen in igb's
-    sriov_numvfs writes): the console then stops growing although every guest test
-    has a 120 s timeout. Such a run is killed early and booted once more; the
-    wedged run's files are kept beside the new ones, as `<dir>-stalled`.
+    Under software emulation the guest occasionally wedges (seen in igb's sriov_numvfs
+    writes and later in the SR-IOV tests): the console then stops growing although
+    every guest test has a 120 s timeout. Such a run is killed early and booted again,
+    up to STALL_RETRIES times; each wedged run's files are kept beside the new ones, as
+    `<dir>-stalled<n>`, with the test it was in and the guest kernel's log.
     """
     start = time.monotonic()
     returncode, stalled = _boot(results_dir, selected or [], timeout)
-    if stalled:
-        results_dir.rename(results_dir.with_name(results_dir.name + "-stalled"))
+    for attempt in range(1, STALL_RETRIES + 1):
+        if not stalled:
+            break
+        results_dir.rename(results_dir.with_name(f"{results_dir.name}-stalled{attempt}"))
         returncode, stalled = _boot(results_dir, selected or [], timeout)
     return GuestRun(
         returncode=returncode,
@@ -266,11 +280,14 @@ def run_guest_suite(
 
 
 def _boot(results_dir: Path, selected: list[str], timeout: float) -> tuple[int | None, bool]:
-    """One VM run: its exit status (None if killed) and whether the guest stalled."""
+    """One VM run: its exit status (None if killed) and whether the guest stalled.
+
+    The console goes through a pipe we copy into console.log: qemu reopens its stderr
+    when it is killed, which would truncate a file it had been given directly.
+    """
     results_dir.mkdir(parents=True, exist_ok=True)
     argv = vng_argv(results_dir, guest_command(results_dir, selected))
     env = {**os.environ, "PATH": f"{VNG_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    # qemu reopens (and truncates) /proc/self/fd/2: keep the command in its own file.
     (results_dir / "vng-command.txt").write_text(shlex.join(argv) + "\n")
     console = results_dir / "console.log"
     returncode: int | None = None
@@ -279,26 +296,53 @@ def _boot(results_dir: Path, selected: list[str], timeout: float) -> tuple[int |
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
-            stdout=log,
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
         )
+        assert proc.stdout is not None
+        copier = _ConsoleCopier(proc.stdout, log)
+        copier.start()
         try:
             deadline = time.monotonic() + timeout
-            last_size, last_change = -1, time.monotonic()
             while (returncode := proc.poll()) is None and time.monotonic() < deadline:
-                size = console.stat().st_size
-                if size != last_size:
-                    last_size, last_change = size, time.monotonic()
-                elif time.monotonic() - last_change > STALL_SECONDS:
+                if time.monotonic() - copier.last_output > STALL_SECONDS:
                     stalled = True
                     break
                 time.sleep(2)
         finally:
             _stop(proc)
+            copier.join(timeout=10)
     if returncode is None:
         why = f"no console output for {STALL_SECONDS:.0f} s" if stalled else f"{timeout:.0f} s"
+        started = _last_line(results_dir / "progress.log")
+        where = f"; the guest was in {started}" if started else ""
         with console.open("a") as log:
-            log.write(f"\n*** VM killed: {why} ***\n")
+            log.write(f"\n*** VM killed: {why}{where} ***\n")
     return returncode, stalled
+
+
+class _ConsoleCopier(threading.Thread):
+    """Copies the VM's console into a file and notes when it last printed."""
+
+    def __init__(self, source: IO[bytes], sink: IO[bytes]) -> None:
+        super().__init__(name="vm-console", daemon=True)
+        self.source, self.sink = source, sink
+        self.last_output = time.monotonic()
+
+    def run(self) -> None:
+        fd = self.source.fileno()
+        while chunk := os.read(fd, 65536):
+            self.sink.write(chunk)
+            self.sink.flush()
+            self.last_output = time.monotonic()
+        self.source.close()
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""

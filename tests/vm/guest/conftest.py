@@ -42,6 +42,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    """Note each test as it starts in the results dir, so a wedged guest (no output at
+    all) still tells the host which test it was in."""
+    if IN_VM:
+        with open(Path(os.environ["PLEXUS_VM_RESULTS"]) / "progress.log", "a") as log:
+            log.write(nodeid + "\n")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kernel_log() -> Iterator[None]:
+    """Follow the guest kernel's log into the results dir (hung-task reports included)."""
+    path = Path(os.environ["PLEXUS_VM_RESULTS"]) / "dmesg.log"
+    with path.open("w") as out:
+        follow = subprocess.Popen(["dmesg", "--follow", "--ctime"], stdout=out, stderr=out)
+        yield
+        follow.terminate()
+        follow.wait()
+
+
 def sh(*cmd: str, netns: str = "", check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run a command (in `netns` if given); on failure the error shows its stderr."""
     full = ["ip", "netns", "exec", netns, *cmd] if netns else list(cmd)
