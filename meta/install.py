@@ -66,7 +66,12 @@ def _compile_shim(output: str) -> None:
         text=True,
     )
     if done.returncode != 0:
-        raise CNIError(ErrorCode.IO_FAILURE, "compiling the plexus shim failed", done.stderr)
+        raise CNIError(
+            ErrorCode.IO_FAILURE,
+            "compiling the plexus shim failed (it is linked statically: it needs libc.a, "
+            "from libc6-dev on Debian)",
+            done.stderr,
+        )
 
 
 def _place(target: Path, name: str, produce: Callable[[str], None]) -> Path:
