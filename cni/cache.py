@@ -13,9 +13,11 @@ from pydantic import BeforeValidator, Field, ValidationError
 
 from cni.errors import CNIError, ErrorCode
 from cni.fileio import write_atomic
+from cni.logs import StepLogger
 from cni.models import WireModel, validation_details
 
 CACHE_KIND: Final = "cniCacheV1"
+_log = StepLogger("cni")
 
 
 def _from_base64(value: Any) -> Any:
@@ -95,8 +97,8 @@ class ResultCache:
         try:
             self.cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             self.results_dir.mkdir(mode=0o700, exist_ok=True)
-            # Atomic but not fsync'd, as libcni: a lost entry after a crash is covered by
-            # DEL's fallbacks, and ADD is on the pod start-up path.
+            # Atomic, not fsync'd here: the meta-plugin makes all of one ADD's files
+            # durable in one pass before it returns (Node.make_durable).
             write_atomic(target, entry.to_json())
         except OSError as err:
             raise CNIError(
@@ -129,26 +131,63 @@ class ResultCache:
                 ErrorCode.IO_FAILURE, f"cannot remove CNI cache file {target}", str(err)
             ) from None
 
-    def entries(self, network_name: str | None = None) -> list[CacheEntry]:
-        """All readable entries (of one network if given), in file-name order."""
+    def entries(
+        self, network_name: str | None = None, container_id: str | None = None
+    ) -> list[CacheEntry]:
+        """All readable entries (of one network, one container, if given), in file-name
+        order.
+
+        An unreadable file (cut short by a crash, or not an entry) is skipped with a
+        warning naming it: it must not stop DEL or GC of the others.
+        """
+        found, unreadable = self.scan(network_name, container_id)
+        for path, err in unreadable.items():
+            _log.warning("ignoring unreadable CNI cache file", file=str(path), error=str(err))
+        return found
+
+    def scan(
+        self, network_name: str | None = None, container_id: str | None = None
+    ) -> tuple[list[CacheEntry], dict[Path, CNIError]]:
+        """The entries read and the unreadable files (with why), of one network, one
+        container, if given: only files whose names could be theirs are read."""
         try:
             names = sorted(os.listdir(self.results_dir))
         except FileNotFoundError:
-            return []
+            return [], {}
         except OSError as err:
             raise CNIError(
                 ErrorCode.IO_FAILURE, f"cannot list CNI cache dir {self.results_dir}", str(err)
             ) from None
         found = []
+        unreadable: dict[Path, CNIError] = {}
         for name in names:
             if name.startswith("."):
+                continue  # write_atomic's temporary files
+            if network_name is not None and not name.startswith(f"{network_name}-"):
                 continue
+            if container_id is not None and f"-{container_id}-" not in name:
+                continue
+            path = self.results_dir / name
             try:
-                entry = CacheEntry.from_json((self.results_dir / name).read_bytes())
-            except (OSError, CNIError):
+                entry = CacheEntry.from_json(path.read_bytes())
+            except OSError as err:
+                unreadable[path] = CNIError(ErrorCode.IO_FAILURE, "cannot read it", str(err))
+                continue
+            except CNIError as err:
+                unreadable[path] = err
                 continue
             if not (entry.ifname and entry.network_name and entry.container_id):
-                continue
-            if network_name is None or entry.network_name == network_name:
+                unreadable[path] = CNIError(
+                    ErrorCode.DECODE_FAILURE, "entry lacks containerId, ifName or networkName"
+                )
+            elif network_name in (None, entry.network_name) and container_id in (
+                None,
+                entry.container_id,
+            ):
                 found.append(entry)
-        return found
+        return found, unreadable
+
+    def remove_unreadable(self, container_id: str) -> None:
+        """Remove the unreadable files named after a container (after its DEL)."""
+        for path in self.scan(container_id=container_id)[1]:
+            path.unlink(missing_ok=True)

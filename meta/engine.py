@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from cni.cache import CacheEntry
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
 from cni.logs import StepLogger, call_fields
@@ -50,6 +51,7 @@ class Engine:
         log = _call_log("add", args)
         self.node.wait_until_ready(log)
         with self.node.lock(args.container_id):
+            self._refuse_second_add(args)
             if not self.node.netns_exists(args.netns):
                 raise CNIError(
                     ErrorCode.UNKNOWN_CONTAINER,
@@ -63,7 +65,7 @@ class Engine:
             delegates = self._resolve(args, pod, log, devices=self.devices)
             self.node.name_device_info_files(args.container_id, delegates)
             plan = routes.plan_default_routes(delegates)
-            self.node.records.save(
+            self.node.save_record(
                 AttachmentRecord(
                     container_id=args.container_id,
                     netns=args.netns,
@@ -77,6 +79,7 @@ class Engine:
                 )
             )
             results = self._attach_all(args, delegates, plan, log)
+            self._make_durable(args, delegates, log)
             try:
                 self._write_status(pod, delegates, results, log)
             except CNIError:
@@ -85,6 +88,34 @@ class Engine:
             self._announce(pod, delegates, results)
             default = next(r for d, r in zip(delegates, results, strict=True) if d.default)
             return default.convert(self.conf.cni_version)
+
+    def _refuse_second_add(self, args: CmdArgs) -> None:
+        """The spec forbids a second ADD of one container and interface without a DEL
+        between; running it would attach over the first and its rollback would undo the
+        first. One record per container, so another ifname is refused the same way."""
+        if self.node.records.exists(args.container_id):
+            raise CNIError(
+                ErrorCode.INVALID_ENV,
+                f"container {args.container_id} is already attached "
+                f"(record {self.node.records.path(args.container_id)}); "
+                f"this ADD of {args.ifname} changed nothing",
+                "a runtime must not ADD a container twice without a DEL between (CNI spec); "
+                "DEL it first",
+            )
+
+    def _make_durable(self, args: CmdArgs, delegates: list[Delegate], log: StepLogger) -> None:
+        """Sync this ADD's record and result-cache files to disk; undo the ADD if that
+        fails, since a crash could then lose what it attached."""
+        files = [
+            self.runtime.cache.path(d.network_config().name, args.container_id, d.ifname)
+            for d in delegates
+        ]
+        try:
+            with log.step("sync state to disk", files=len(files) + 1):
+                self.node.make_durable(args.container_id, files)
+        except CNIError:
+            self._rollback(args, delegates, log)
+            raise
 
     def _attach_all(
         self, args: CmdArgs, delegates: list[Delegate], plan: routes.RoutePlan, log: StepLogger
@@ -178,30 +209,28 @@ class Engine:
                 args.container_id, netns or args.netns, args.args, delegates, log
             )
             if errors:
-                raise _aggregate("DEL", errors)
-            self.node.records.delete(args.container_id)
+                raise _aggregate("DEL", _labelled(errors))
+            self._forget(args.container_id)
 
     def _delegates_for_delete(self, args: CmdArgs, log: StepLogger) -> tuple[list[Delegate], str]:
-        record = self.node.records.load(args.container_id)
+        record = self._load_record(args.container_id, log)
         if record is not None:
             return record.delegates, args.netns
-        cached = self._delegates_from_result_cache(args.container_id)
-        if cached:
+        entries, unreadable = self.runtime.cache.scan(container_id=args.container_id)
+        cached = self._delegates_from_result_cache(entries)
+        for path, exc in unreadable.items():
+            log.warning(
+                "unreadable CNI cache file: resolving the pod's networks as well",
+                file=str(path),
+                error=str(exc),
+            )
+        if cached and not unreadable:
             log.warning(
                 "no attachment record: deleting what the result cache holds",
                 networks=[d.network for d in cached],
             )
             return cached, args.netns
-        try:
-            pod = self._find_pod(args, log, wait=False)
-            delegates = self._resolve(args, pod, log, events=False)
-        except CNIError as exc:
-            log.warning(
-                "no attachment record and the pod's networks cannot be resolved: "
-                "deleting the default network only",
-                error=str(exc),
-            )
-            delegates = Resolver(self.conf, None, args.ifname).resolve(None)[:1]
+        delegates = _merge(self._resolve_for_delete(args, log), cached)
         # Usual for a repeated DEL (containerd sends one on stop and one on remove); the
         # DEL still runs so IPs are released if the record was lost (Multus #1087).
         log.info(
@@ -211,11 +240,46 @@ class Engine:
         )
         return delegates, args.netns
 
-    def _delegates_from_result_cache(self, container_id: str) -> list[Delegate]:
+    def _resolve_for_delete(self, args: CmdArgs, log: StepLogger) -> list[Delegate]:
+        try:
+            pod = self._find_pod(args, log, wait=False)
+            return self._resolve(args, pod, log, events=False)
+        except CNIError as exc:
+            log.warning(
+                "no attachment record and the pod's networks cannot be resolved: "
+                "deleting the default network only",
+                error=str(exc),
+            )
+            return Resolver(self.conf, None, args.ifname).resolve(None)[:1]
+
+    def _load_record(self, container_id: str, log: StepLogger) -> AttachmentRecord | None:
+        """The container's record; None, with a warning, if it is unreadable (a crash cut
+        it short): DEL and GC then fall back as they do when it is missing."""
+        try:
+            return self.node.records.load(container_id)
+        except CNIError as exc:
+            self._warn_unreadable(container_id, exc, log)
+            return None
+
+    def _warn_unreadable(self, container_id: str, exc: CNIError, log: StepLogger) -> None:
+        log.warning(
+            "unreadable attachment record: treating it as lost",
+            file=str(self.node.records.path(container_id)),
+            error=exc.details,
+        )
+
+    def _cache_entries(self, container_id: str) -> list[CacheEntry]:
+        return self.runtime.cache.entries(container_id=container_id)
+
+    def _forget(self, container_id: str) -> None:
+        """After a DEL of everything: drop the record, and cache files nobody can read."""
+        self.node.records.delete(container_id)
+        self.runtime.cache.remove_unreadable(container_id)
+
+    @staticmethod
+    def _delegates_from_result_cache(entries: list[CacheEntry]) -> list[Delegate]:
         delegates = []
-        for entry in self.runtime.cache.entries():
-            if entry.container_id != container_id:
-                continue
+        for entry in entries:
             try:
                 config = json.loads(entry.config)
             except (ValueError, UnicodeDecodeError):
@@ -272,7 +336,7 @@ class Engine:
         """
         log = StepLogger("engine", verb="sync", cid=container_id[:12])
         with self.node.lock(container_id):
-            record = self.node.records.load(container_id)
+            record = self._load_record(container_id, log)
             if record is None or self.source is None or not record.pod_name:
                 return False
             if not self.node.netns_exists(record.netns):
@@ -324,20 +388,20 @@ class Engine:
         gone = [d for d in removed if id(d) not in still_there]
         current = [d for d in record.delegates if not any(d is g for g in gone)]
         record.delegates = current
-        self.node.records.save(record)
+        self.node.save_record(record)
         for delegate in gone:
             message = f"Remove {delegate.ifname} from {delegate.network}"
             self.source.record_event(pod, "Normal", "RemovedInterface", message)
         fresh: dict[int, Result] = {}  # id(delegate) -> its ADD result
         for delegate in added:
             record.delegates = [*current, delegate]
-            self.node.records.save(record)
+            self.node.save_record(record)
             try:
                 fresh[id(delegate)] = self._attach(args, delegate, log)
             except CNIError as exc:
                 self._rollback_one(args, delegate, log)
                 record.delegates = current
-                self.node.records.save(record)
+                self.node.save_record(record)
                 self.source.record_event(pod, "Warning", "HotplugFailed", exc.msg)
                 continue
             current = record.delegates
@@ -385,7 +449,7 @@ class Engine:
                 except CNIError as exc:
                     errors.append((delegate, exc))
             if errors:
-                raise _aggregate("CHECK", errors)
+                raise _aggregate("CHECK", _labelled(errors))
 
     # ---- STATUS --------------------------------------------------------------
 
@@ -418,27 +482,32 @@ class Engine:
     # ---- GC ------------------------------------------------------------------
 
     def gc(self, args: CmdArgs) -> None:
-        """DEL every recorded attachment the runtime no longer lists, then GC every network."""
+        """DEL every attachment the runtime no longer lists (recorded, or with an
+        unreadable record), GC every network, then release the host-local leases that
+        nothing owns any more (what `plexus inspect` reports as leaked)."""
         log = _call_log("gc", args)
         valid = _valid_attachments(self.conf)
-        errors: list[tuple[Delegate, CNIError]] = []
+        valid_ids = {cid for cid, _ in valid}
+        errors: list[tuple[str, CNIError]] = []
         with self.node.lock(exclusive=True):
-            kept: list[AttachmentRecord] = []
-            for record in self.node.records.all():
+            records, unreadable = self.node.records.scan()
+            kept: list[tuple[str, list[Delegate]]] = []
+            for record in records:
                 if (record.container_id, record.ifname) in valid:
-                    kept.append(record)
+                    kept.append((record.container_id, record.delegates))
                     continue
-                log.info(
-                    "gc: removing stale attachment",
-                    container=record.container_id,
-                    networks=[d.network for d in record.delegates],
-                )
-                failed = self._detach_all(
+                errors += self._gc_stale(
                     record.container_id, record.netns, record.cni_args, record.delegates, log
                 )
-                errors += failed
-                if not failed:
-                    self.node.records.delete(record.container_id)
+            for container_id, exc in unreadable.items():
+                self._warn_unreadable(container_id, exc, log)
+                entries = self._cache_entries(container_id)
+                delegates = self._delegates_from_result_cache(entries)
+                if container_id in valid_ids:
+                    kept.append((container_id, delegates))
+                    continue
+                netns, cni_args = (entries[0].netns, entries[0].cni_args) if entries else ("", [])
+                errors += self._gc_stale(container_id, netns, cni_args, delegates, log)
             for delegate, attachments in self._networks_to_gc(kept):
                 try:
                     with log.step(
@@ -449,22 +518,43 @@ class Engine:
                     ):
                         self.runtime.gc(delegate.network_config(), attachments)
                 except CNIError as exc:
-                    errors.append((delegate, exc))
+                    errors.append((delegate.label, exc))
+            errors += self.node.release_unowned_leases(valid_ids, log)
+            self.node.remove_stale_lock_files()
         if errors:
             raise _aggregate("GC", errors)
 
+    def _gc_stale(
+        self,
+        container_id: str,
+        netns: str,
+        cni_args: list[tuple[str, str]],
+        delegates: list[Delegate],
+        log: StepLogger,
+    ) -> list[tuple[str, CNIError]]:
+        """DEL a container the runtime no longer lists; its record goes once all succeed."""
+        log.info(
+            "gc: removing stale attachment",
+            container=container_id,
+            networks=[d.network for d in delegates],
+        )
+        failed = self._detach_all(container_id, netns, cni_args, delegates, log)
+        if not failed:
+            self._forget(container_id)
+        return _labelled(failed)
+
     def _networks_to_gc(
-        self, records: list[AttachmentRecord]
+        self, kept: list[tuple[str, list[Delegate]]]
     ) -> list[tuple[Delegate, list[tuple[str, str]]]]:
         """Each known network once, with the attachments still valid on it."""
         by_name: dict[str, tuple[Delegate, list[tuple[str, str]]]] = {}
         for delegate in self._static_networks():
             by_name.setdefault(delegate.network_config().name, (delegate, []))
-        for record in records:
-            for delegate in record.delegates:
+        for container_id, delegates in kept:
+            for delegate in delegates:
                 name = delegate.network_config().name
                 entry = by_name.setdefault(name, (delegate, []))
-                entry[1].append((record.container_id, delegate.ifname))
+                entry[1].append((container_id, delegate.ifname))
         return list(by_name.values())
 
     # ---- shared --------------------------------------------------------------
@@ -572,8 +662,24 @@ def _hotplug_plan(
     return placed, free, refused
 
 
-def _aggregate(verb: str, errors: list[tuple[Delegate, CNIError]]) -> CNIError:
-    messages = [f"{d.label}: {e}" for d, e in errors]
+def _merge(resolved: list[Delegate], cached: list[Delegate]) -> list[Delegate]:
+    """The resolved delegates, each replaced by its cached twin (the config its ADD ran),
+    then the cached ones nothing resolves to any more."""
+
+    def key(d: Delegate) -> tuple[str, str]:
+        return d.network_config().name, d.ifname
+
+    twins = {key(d): d for d in cached}
+    merged = [twins.pop(key(d), d) for d in resolved]
+    return merged + list(twins.values())
+
+
+def _labelled(errors: list[tuple[Delegate, CNIError]]) -> list[tuple[str, CNIError]]:
+    return [(d.label, e) for d, e in errors]
+
+
+def _aggregate(verb: str, errors: list[tuple[str, CNIError]]) -> CNIError:
+    messages = [f"{label}: {e}" for label, e in errors]
     return CNIError(
         errors[0][1].code, f"{verb} failed for {len(errors)} network(s)", "; ".join(messages)
     )

@@ -3,25 +3,28 @@
 It reads the attachment records and the result cache under `cniDir` and compares them
 with the kernel: does each container's namespace still exist, does it hold each
 interface, with the addresses the cached result gave it? Results with no record are
-listed too, and so are host-local leases (in the data dirs of the networks the records
-and the config name) held by a container Plexus has no record of: leaked IPs, or another
-CNI user's. Nothing is changed; every problem line says what would fix it.
+listed too, and so are unreadable state files and host-local leases (in the ranges
+Plexus allocates from, see meta/ranges.py) held by a container Plexus has no record of:
+leaked IPs, which GC releases (`unowned_leases` is what both use). Nothing is changed;
+every problem line says what would fix it.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cni.cache import CacheEntry, ResultCache
 from cni.errors import CNIError
-from delegates.ipam.store import DEFAULT_DATA_DIR, leases
+from delegates.ipam.store import leases
 from delegates.link import addresses, links, netlink
 from delegates.netns import netns_exists, run_in_netns
 from meta.config import MetaConfig
 from meta.delegate import Delegate
+from meta.ranges import RangeLedger, host_local_ranges
 from meta.records import AttachmentRecord, RecordStore
 
 Live = dict[str, list[str]]  # ifname -> addresses (CIDR) in a namespace
@@ -64,12 +67,14 @@ class NodeReport:
     containers: list[ContainerState]
     orphan_results: list[str]  # cache files with no attachment record
     orphan_leases: list[Lease]  # host-local reservations of containers with no record
+    unreadable: list[str]  # records and cache files that cannot be read
 
     @property
     def healthy(self) -> bool:
         return (
             not self.orphan_results
             and not self.orphan_leases
+            and not self.unreadable
             and not any(
                 c.problems or any(i.problems for i in c.interfaces) for c in self.containers
             )
@@ -143,38 +148,43 @@ def _container(record: AttachmentRecord, cache: ResultCache) -> ContainerState:
 
 def inspect_node(conf: MetaConfig) -> NodeReport:
     """The report for the records and results under `conf.cni_dir`."""
-    records = RecordStore(conf.cni_dir).all()
+    records, bad_records = RecordStore(conf.cni_dir).scan()
     cache = ResultCache(conf.cni_dir)
+    entries, bad_entries = cache.scan()
     recorded = {
         (d.network_config().name, r.container_id, d.ifname) for r in records for d in r.delegates
     }
     orphans = [
         str(cache.path(e.network_name, e.container_id, e.ifname))
-        for e in cache.entries()
+        for e in entries
         if (e.network_name, e.container_id, e.ifname) not in recorded
     ]
-    known = {r.container_id for r in records}
-    data_dirs = _host_local_dirs(
+    unreadable = [f"{exc.msg}: {exc.details}" for exc in bad_records.values()]
+    unreadable += [f"{path}: {exc.msg} {exc.details}".rstrip() for path, exc in bad_entries.items()]
+    return NodeReport(
+        conf.cni_dir,
+        [_container(r, cache) for r in records],
+        orphans,
+        unowned_leases(conf, records, bad_records),
+        unreadable,
+    )
+
+
+def unowned_leases(
+    conf: MetaConfig, records: list[AttachmentRecord], accounted: Collection[str] = ()
+) -> list[Lease]:
+    """Leases in the ranges Plexus allocates from (noted ones, the config's, the records')
+    held by containers that neither a record nor `accounted` (container IDs) owns."""
+    ranges = RangeLedger(conf.cni_dir).all() | host_local_ranges(
         [*conf.delegates, *(d.config for r in records for d in r.delegates)]
     )
-    stray = [
+    owners = {r.container_id for r in records} | set(accounted)
+    return [
         Lease(data_dir, network, ip, cid, ifname)
-        for data_dir in data_dirs
+        for data_dir in sorted({d for d, _ in ranges})
         for network, ip, cid, ifname in leases(data_dir)
-        if cid not in known
+        if (data_dir, network) in ranges and cid not in owners
     ]
-    return NodeReport(conf.cni_dir, [_container(r, cache) for r in records], orphans, stray)
-
-
-def _host_local_dirs(configs: list[dict[str, Any]]) -> list[str]:
-    """The host-local data dirs these configs' plugins use."""
-    dirs = set()
-    for config in configs:
-        for plugin in config.get("plugins", [config]):
-            ipam = plugin.get("ipam") if isinstance(plugin, dict) else None
-            if isinstance(ipam, dict) and ipam.get("type") == "host-local":
-                dirs.add(str(ipam.get("dataDir") or DEFAULT_DATA_DIR))
-    return sorted(dirs)
 
 
 def to_json(report: NodeReport) -> str:
@@ -204,10 +214,12 @@ def render(report: NodeReport) -> str:
             "cached results with no attachment record (DEL of those attachments cleans up):"
         )
         lines.extend(f"  {path}" for path in report.orphan_results)
+    if report.unreadable:
+        lines.append("unreadable state files (DEL and GC treat them as lost):")
+        lines.extend(f"  {line}" for line in report.unreadable)
     if report.orphan_leases:
         lines.append(
-            "host-local leases of containers Plexus has no record of (leaked: GC of the "
-            "network releases them; or not Plexus's):"
+            "host-local leases of containers Plexus has no record of (leaked: GC releases them):"
         )
         lines.extend(
             f"  {lease.ip} in {lease.data_dir}/{lease.network} by {lease.container_id[:12]}"

@@ -1,19 +1,24 @@
-"""Per-container locks: ADD, DEL and hot-plug of one container never interleave.
+"""Per-container locks: ADD, DEL, CHECK and hot-plug of one container never interleave.
 
-They live in the process that runs the engine; in the daemon every call for a container
-goes through the same process, so its calls and its hot-plug worker are serialized.
-(GC's exclusion works across processes: it is a file lock, see Node.lock.)
+Two layers, taken in this order. ContainerLocks serializes the calls of one process
+(the daemon's workers and its hot-plug worker). `file_lock` then excludes every other
+process, thin-mode plugins and a daemon alike: an flock on one file per container
+ID. A lock file holds nothing, so its holder may remove it (`remove_lock_file`); a
+waiter that then gets the lock of the removed file sees that and locks the new one.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 
 class ContainerLocks:
-    """One lock per container ID, dropped once nobody holds or waits for it."""
+    """One in-process lock per container ID, dropped once nobody holds or waits for it."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
@@ -35,3 +40,30 @@ class ContainerLocks:
                     self._locks[container_id] = (lock, users)
                 else:
                     del self._locks[container_id]
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `path`, creating the file if needed."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _is_linked(fd, path):
+                yield
+                return
+        finally:
+            os.close(fd)  # closing releases the flock
+        # The holder removed the file while we waited: lock the one now at `path`.
+
+
+def remove_lock_file(path: Path) -> None:
+    """Remove a lock file; only while holding its lock, or while no one can (GC)."""
+    path.unlink(missing_ok=True)
+
+
+def _is_linked(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False

@@ -1,7 +1,7 @@
 """The node's side of the engine: its files, its locks and the pod namespaces' routes.
 
 Everything the engine keeps or changes on this node outside the delegates goes through
-here: attachment records, the GC lock, the readiness indicator, device-info files and
+here: attachment records, the locks, the readiness indicator, device-info files and
 the default routes that `default-route` moves inside a pod's namespace.
 """
 
@@ -16,13 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from cni.errors import CNIError, ErrorCode
+from cni.fileio import make_durable
 from cni.logs import StepLogger
+from delegates.ipam.store import open_store
 from delegates.netns import netns_exists
 from meta import deviceinfo, routes
 from meta.config import MetaConfig
 from meta.delegate import Delegate
-from meta.locks import ContainerLocks
-from meta.records import RecordStore
+from meta.inspection import unowned_leases
+from meta.locks import ContainerLocks, file_lock, remove_lock_file
+from meta.ranges import RangeLedger
+from meta.records import AttachmentRecord, RecordStore
 
 READINESS_WAIT_SECONDS = 10.0
 
@@ -33,22 +37,97 @@ class Node:
     def __init__(self, conf: MetaConfig, locks: ContainerLocks | None = None) -> None:
         self.conf = conf
         self.records = RecordStore(conf.cni_dir)
+        self.ranges = RangeLedger(conf.cni_dir)
         self.locks = locks if locks is not None else ContainerLocks()
+
+    # ---- records -------------------------------------------------------------
+
+    def save_record(self, record: AttachmentRecord) -> None:
+        """Save a record, noting the host-local ranges its delegates allocate from."""
+        self.ranges.note(d.config for d in record.delegates)
+        self.records.save(record)
+
+    def release_unowned_leases(
+        self, valid_ids: set[str], log: StepLogger
+    ) -> list[tuple[str, CNIError]]:
+        """GC: release the leases of Plexus's host-local ranges held by containers that
+        neither the runtime (`valid_ids`) nor a record accounts for, as when a record
+        was lost with its pod. Failures are returned, by lease."""
+        records, unreadable = self.records.scan()
+        errors = []
+        for lease in unowned_leases(self.conf, records, {*valid_ids, *unreadable}):
+            where = f"{lease.data_dir}/{lease.network}"
+            try:
+                with (
+                    log.step(
+                        "gc: release leaked lease",
+                        ip=lease.ip,
+                        range=where,
+                        container=lease.container_id,
+                    ),
+                    open_store(lease.network, lease.data_dir) as store,
+                ):
+                    store.release(lease.container_id, lease.ifname)
+            except CNIError as exc:
+                errors.append((f"lease {lease.ip} in {where}", exc))
+        return errors
 
     # ---- locks and readiness -------------------------------------------------
 
     @contextmanager
     def lock(self, container_id: str = "", exclusive: bool = False) -> Iterator[None]:
-        """GC (`exclusive`) excludes every other call, across processes (a file lock);
-        other calls exclude only GC, and calls of one container exclude each other."""
+        """GC (`exclusive`) excludes every other call; other calls exclude only GC, and
+        calls of one container exclude each other. All of it holds across processes
+        (file locks), so thin-mode plugins and a daemon exclude each other too."""
         Path(self.conf.cni_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(os.path.join(self.conf.cni_dir, "gc.lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            with self.locks.hold(container_id) if container_id else nullcontext():
+            with self._container_lock(container_id) if container_id else nullcontext():
                 yield
         finally:
             os.close(fd)
+
+    @contextmanager
+    def _container_lock(self, container_id: str) -> Iterator[None]:
+        path = self._lock_path(container_id)
+        with self.locks.hold(container_id):
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            with file_lock(path):
+                try:
+                    yield
+                finally:
+                    # A container without a record has nothing left to guard: the next
+                    # call creates the file again, so lock files live as long as records.
+                    if not self.records.exists(container_id):
+                        remove_lock_file(path)
+
+    def _lock_path(self, container_id: str) -> Path:
+        return self._locks_dir / container_id
+
+    @property
+    def _locks_dir(self) -> Path:
+        return Path(self.conf.cni_dir) / "locks"
+
+    def remove_stale_lock_files(self) -> None:
+        """Remove the lock files of containers without a record (left by a killed call).
+        Only under GC's lock: no container lock is held without it."""
+        directory = self._locks_dir
+        for path in sorted(directory.iterdir()) if directory.is_dir() else []:
+            if not self.records.exists(path.name):
+                remove_lock_file(path)
+
+    def make_durable(self, container_id: str, cache_files: list[Path]) -> None:
+        """fsync the container's record and its result-cache files (and their
+        directories): a crash after ADD returns leaves them whole on disk."""
+        try:
+            make_durable([self.records.path(container_id), *cache_files])
+        except OSError as exc:
+            raise CNIError(
+                ErrorCode.IO_FAILURE,
+                f"cannot make the state of container {container_id} durable in {self.conf.cni_dir}",
+                str(exc),
+            ) from exc
 
     def wait_until_ready(self, log: StepLogger) -> None:
         """Wait for `readinessindicatorfile`; TRY_AGAIN_LATER if it does not appear."""

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -108,3 +109,34 @@ def test_bad_base64(tmp_path: Path) -> None:
     with pytest.raises(CNIError) as exc:
         CacheEntry.from_json(json.dumps({**LIBCNI_FILE, "config": "***"}).encode())
     assert "config" in exc.value.details
+
+
+def test_scan_names_unreadable_files_and_entries_warn_once_each(
+    tmp_path: Path, plexus_logger: logging.Logger
+) -> None:
+    cache = ResultCache(tmp_path)
+    cache.save(entry("c1"))
+    cache.save(entry("c2"))
+    cut_short = cache.path("net", "c1", "net1")
+    cut_short.write_text("")  # a crash before the data reached the disk
+    found, unreadable = cache.scan(container_id="c1")
+    assert [e.container_id for e in found] == ["c1"]
+    assert list(unreadable) == [cut_short]
+    assert unreadable[cut_short].code == ErrorCode.DECODE_FAILURE
+    assert cache.scan(container_id="c2")[1] == {}  # only files that could be c2's are read
+
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    plexus_logger.addHandler(handler)
+    plexus_logger.setLevel(logging.INFO)
+    assert [e.container_id for e in cache.entries("net")] == ["c1", "c2"]
+    assert [(r.getMessage(), getattr(r, "file", "")) for r in seen] == [
+        ("ignoring unreadable CNI cache file", str(cut_short))
+    ]
+
+    cache.remove_unreadable("c1")
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
+        "net-c1-eth0",
+        "net-c2-eth0",
+    ]

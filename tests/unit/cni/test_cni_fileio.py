@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cni.fileio import write_atomic
+from cni.fileio import make_durable, write_atomic
 
 
 def test_writes_with_the_exact_mode_whatever_the_umask(tmp_path: Path) -> None:
@@ -35,3 +35,37 @@ def test_a_failure_raises_and_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(IsADirectoryError):
         write_atomic(tmp_path / "dir", b"x")  # cannot rename a file over a directory
     assert os.listdir(tmp_path) == ["dir"] and os.listdir(tmp_path / "dir") == []
+
+
+def _synced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the paths os.fsync is called on."""
+    paths: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        paths.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return paths
+
+
+def test_fsync_syncs_the_data_then_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced = _synced(monkeypatch)
+    write_atomic(tmp_path / "f", b"x", fsync=True)
+    # the data before the rename (the temporary file), then the new name
+    assert Path(synced[0]).name.startswith(".f.") and synced[1:] == [str(tmp_path)]
+
+
+def test_make_durable_syncs_each_file_then_each_directory_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    for path in (tmp_path / "a", sub / "b", sub / "c"):
+        write_atomic(path, b"x")
+    synced = _synced(monkeypatch)
+    make_durable([tmp_path / "a", sub / "b", tmp_path / "gone", sub / "c"])
+    assert synced == [str(p) for p in (tmp_path / "a", sub / "b", sub / "c", tmp_path, sub)]

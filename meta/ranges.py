@@ -1,0 +1,74 @@
+"""The host-local ranges Plexus allocates from on this node, remembered for good.
+
+A lease in one of these ranges held by a container that no attachment record and no
+runtime accounts for is a leak GC may release. The record cannot say which ranges
+exist once it is lost, and neither can a NAD once it is deleted, so every range an
+attachment uses is noted here when its record is saved: one file per (data dir,
+network) under `<cniDir>/ranges/`, written once, durably.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from cni.errors import CNIError, ErrorCode
+from cni.fileio import write_atomic
+from delegates.ipam.store import DEFAULT_DATA_DIR
+
+Range = tuple[str, str]  # (host-local data dir, network name): the dir <data dir>/<network>
+
+
+def host_local_ranges(configs: Iterable[dict[str, Any]]) -> set[Range]:
+    """The host-local ranges these confs or conflists allocate from."""
+    found = set()
+    for config in configs:
+        name = config.get("name")
+        for plugin in config.get("plugins", [config]):
+            ipam = plugin.get("ipam") if isinstance(plugin, dict) else None
+            if (
+                isinstance(name, str)
+                and isinstance(ipam, dict)
+                and ipam.get("type") == "host-local"
+            ):
+                found.add((str(ipam.get("dataDir") or DEFAULT_DATA_DIR), name))
+    return found
+
+
+class RangeLedger:
+    """The ranges noted so far, one small JSON file each."""
+
+    def __init__(self, cni_dir: str | Path) -> None:
+        self.directory = Path(cni_dir) / "ranges"
+
+    def note(self, configs: Iterable[dict[str, Any]]) -> None:
+        """Remember the host-local ranges of these configs (a stat each when known)."""
+        for data_dir, network in host_local_ranges(configs):
+            key = hashlib.sha256(f"{data_dir}\0{network}".encode()).hexdigest()[:32]
+            path = self.directory / key
+            if path.exists():
+                continue
+            body = json.dumps({"dataDir": data_dir, "network": network}).encode()
+            try:
+                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                write_atomic(path, body, fsync=True)
+            except OSError as exc:
+                raise CNIError(
+                    ErrorCode.IO_FAILURE,
+                    f"cannot note a host-local range in {self.directory}",
+                    str(exc),
+                ) from exc
+
+    def all(self) -> set[Range]:
+        """Every range noted (unreadable files are skipped: they were never complete)."""
+        found: set[Range] = set()
+        for path in sorted(self.directory.iterdir()) if self.directory.is_dir() else []:
+            try:
+                body = json.loads(path.read_bytes())
+                found.add((str(body["dataDir"]), str(body["network"])))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return found
