@@ -15,8 +15,8 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from cni import fileio
 from cni.errors import CNIError, ErrorCode
-from cni.fileio import make_durable
 from cni.logs import StepLogger
 from delegates.ipam.store import open_store
 from delegates.netns import netns_exists
@@ -46,6 +46,18 @@ class Node:
         """Save a record, noting the host-local ranges its delegates allocate from."""
         self.ranges.note(d.config for d in record.delegates)
         self.records.save(record)
+
+    def make_durable(self, container_id: str, cache_files: list[Path]) -> None:
+        """fsync the container's record and its result-cache files (and their
+        directories): a crash after ADD returns leaves them whole on disk."""
+        try:
+            fileio.make_durable([self.records.path(container_id), *cache_files])
+        except OSError as exc:
+            raise CNIError(
+                ErrorCode.IO_FAILURE,
+                f"cannot make the state of container {container_id} durable in {self.conf.cni_dir}",
+                str(exc),
+            ) from exc
 
     def release_unowned_leases(
         self, valid_ids: set[str], log: StepLogger
@@ -90,7 +102,7 @@ class Node:
 
     @contextmanager
     def _container_lock(self, container_id: str) -> Iterator[None]:
-        path = self._lock_path(container_id)
+        path = self._locks_dir / container_id
         with self.locks.hold(container_id):
             path.parent.mkdir(mode=0o700, exist_ok=True)
             with file_lock(path):
@@ -101,9 +113,6 @@ class Node:
                     # call creates the file again, so lock files live as long as records.
                     if not self.records.exists(container_id):
                         remove_lock_file(path)
-
-    def _lock_path(self, container_id: str) -> Path:
-        return self._locks_dir / container_id
 
     @property
     def _locks_dir(self) -> Path:
@@ -116,18 +125,6 @@ class Node:
         for path in sorted(directory.iterdir()) if directory.is_dir() else []:
             if not self.records.exists(path.name):
                 remove_lock_file(path)
-
-    def make_durable(self, container_id: str, cache_files: list[Path]) -> None:
-        """fsync the container's record and its result-cache files (and their
-        directories): a crash after ADD returns leaves them whole on disk."""
-        try:
-            make_durable([self.records.path(container_id), *cache_files])
-        except OSError as exc:
-            raise CNIError(
-                ErrorCode.IO_FAILURE,
-                f"cannot make the state of container {container_id} durable in {self.conf.cni_dir}",
-                str(exc),
-            ) from exc
 
     def wait_until_ready(self, log: StepLogger) -> None:
         """Wait for `readinessindicatorfile`; TRY_AGAIN_LATER if it does not appear."""

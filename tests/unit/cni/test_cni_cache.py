@@ -111,6 +111,15 @@ def test_bad_base64(tmp_path: Path) -> None:
     assert "config" in exc.value.details
 
 
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append(record)
+
+
 def test_scan_names_unreadable_files_and_entries_warn_once_each(
     tmp_path: Path, plexus_logger: logging.Logger
 ) -> None:
@@ -125,13 +134,11 @@ def test_scan_names_unreadable_files_and_entries_warn_once_each(
     assert unreadable[cut_short].code == ErrorCode.DECODE_FAILURE
     assert cache.scan(container_id="c2")[1] == {}  # only files that could be c2's are read
 
-    seen: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = seen.append  # type: ignore[method-assign]
+    handler = _Collect()
     plexus_logger.addHandler(handler)
     plexus_logger.setLevel(logging.INFO)
     assert [e.container_id for e in cache.entries("net")] == ["c1", "c2"]
-    assert [(r.getMessage(), getattr(r, "file", "")) for r in seen] == [
+    assert [(r.getMessage(), getattr(r, "file", "")) for r in handler.seen] == [
         ("ignoring unreadable CNI cache file", str(cut_short))
     ]
 

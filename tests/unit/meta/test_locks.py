@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from meta import locks
 from meta.locks import file_lock, remove_lock_file
 
 
@@ -25,7 +24,7 @@ def test_a_waiter_on_a_removed_lock_file_locks_the_new_one(
             next(e for e in waiter_calls if not e.is_set()).set()
         real_flock(fd, op)
 
-    monkeypatch.setattr(locks.fcntl, "flock", flock)
+    monkeypatch.setattr(fcntl, "flock", flock)  # the one meta.locks calls
     entered = {name: threading.Event() for name in ("waiter", "newcomer")}
     leave = {name: threading.Event() for name in ("waiter", "newcomer")}
 
