@@ -148,7 +148,8 @@ def _container(record: AttachmentRecord, cache: ResultCache) -> ContainerState:
 
 def inspect_node(conf: MetaConfig) -> NodeReport:
     """The report for the records and results under `conf.cni_dir`."""
-    records, bad_records = RecordStore(conf.cni_dir).scan()
+    store = RecordStore(conf.cni_dir)
+    records, bad_records = store.scan()
     cache = ResultCache(conf.cni_dir)
     entries, bad_entries = cache.scan()
     recorded = {
@@ -159,7 +160,7 @@ def inspect_node(conf: MetaConfig) -> NodeReport:
         for e in entries
         if (e.network_name, e.container_id, e.ifname) not in recorded
     ]
-    unreadable = [f"{exc.msg}: {exc.details}" for exc in bad_records.values()]
+    unreadable = [f"{store.path(cid)}: {exc.details}" for cid, exc in bad_records.items()]
     unreadable += [f"{path}: {exc.msg} {exc.details}".rstrip() for path, exc in bad_entries.items()]
     return NodeReport(
         conf.cni_dir,

@@ -83,7 +83,11 @@ def test_del_with_an_unreadable_record_falls_back(
 
 def test_gc_does_not_skip_an_unreadable_record(node: Node) -> None:
     netns = _attached(node)
-    (node.cni_dir / "records" / "c-p").write_text("")
+    record = node.cni_dir / "records" / "c-p"
+    record.write_text("")
+    report = _inspect(node)
+    assert not report["healthy"] and report["containers"] == []
+    assert [line.split(":")[0] for line in report["unreadable"]] == [str(record)]
 
     node.ok("GC", conf=node.meta(**{"cni.dev/valid-attachments": []}))
 
