@@ -220,10 +220,11 @@ class Engine:
         cached = self._delegates_from_result_cache(entries)
         for path, exc in unreadable.items():
             log.warning(
-                "unreadable CNI cache file: resolving the pod's networks as well",
+                "unreadable CNI cache file: removing it, resolving the pod's networks as well",
                 file=str(path),
                 error=str(exc),
             )
+        self.runtime.cache.remove_unreadable(args.container_id)  # nobody can use them
         if cached and not unreadable:
             log.warning(
                 "no attachment record: deleting what the result cache holds",
