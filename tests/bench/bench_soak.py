@@ -26,9 +26,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from cni.fileio import write_atomic
 from tests.netns.conftest import Node, sh
 from tests.netns.daemon import Daemon
 
@@ -60,7 +57,7 @@ class Soak:
 
     def cycle(self, i: int, netns_loss: float) -> None:
         pod, cid = f"s{i}", f"c-s{i}"
-        self._place_pod(pod)
+        self.node.pod(pod, "macvlan-net")
         name = f"pxt-soak-{self.node.tag}-{i}"
         sh("ip", "netns", "add", name)
         netns = f"/run/netns/{name}"
@@ -78,22 +75,6 @@ class Soak:
             self.counts["DEL never succeeded"] += 1
         sh("ip", "netns", "del", name, check=False)
         self.node.remove(f"pod-default-{pod}.yaml")
-
-    def _place_pod(self, pod: str) -> None:
-        """The pod's manifest, renamed into place: the daemon reads the store meanwhile."""
-        manifest = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": pod,
-                "namespace": "default",
-                "uid": f"uid-{pod}",
-                "annotations": {"k8s.v1.cni.cncf.io/networks": "macvlan-net"},
-            },
-        }
-        write_atomic(
-            self.node.cluster / f"pod-default-{pod}.yaml", yaml.safe_dump(manifest).encode()
-        )
 
     def run(self, cycles: int, workers: int, kill_interval: float, netns_loss: float) -> None:
         self.daemon.start()

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from cni.fileio import write_atomic
 from meta.install import install_binaries
 
 REFERENCE = Path("/usr/lib/cni")
@@ -147,8 +148,9 @@ class Node:
         return conf
 
     def write(self, filename: str, obj: dict[str, Any]) -> None:
-        path = self.cluster / filename
-        path.write_text(json.dumps(obj) if filename.endswith(".json") else yaml.safe_dump(obj))
+        """Place an object in the store; renamed into place, as a daemon may be reading."""
+        text = json.dumps(obj) if filename.endswith(".json") else yaml.safe_dump(obj)
+        write_atomic(self.cluster / filename, text.encode(), 0o644)
 
     def nad(self, name: str, config: dict[str, Any] | str, namespace: str = "default") -> None:
         text = config if isinstance(config, str) else json.dumps(config)

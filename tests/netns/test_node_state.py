@@ -15,19 +15,11 @@ import pytest
 
 from cni.errors import ErrorCode
 from tests.netns.conftest import Node, sh
+from tests.netns.test_lifecycle import _attached_pod as attached_pod
 
 pytestmark = pytest.mark.netns
 
 PLEXUS = Path(sys.executable).with_name("plexus")
-
-
-def _attached(node: Node, name: str = "p") -> str:
-    node.nad("macvlan-net", node.macvlan_conf())
-    node.pod(name, "macvlan-net")
-    netns = node.pod_netns()
-    node.ok("ADD", netns=netns, cid=f"c-{name}", pod=name)
-    assert node.links(netns) == ["eth0", "lo", "net1"]
-    return netns
 
 
 def _files(directory: Path) -> list[str]:
@@ -68,7 +60,7 @@ def _all_released(node: Node, netns: str) -> None:
 def test_del_with_an_unreadable_record_falls_back(
     node: Node, damage: str, lose_cache: bool
 ) -> None:
-    netns = _attached(node)
+    netns = attached_pod(node)
     record = node.cni_dir / "records" / "c-p"
     record.write_text(damage)  # what a crash before the data reached the disk leaves
     if lose_cache:
@@ -82,7 +74,7 @@ def test_del_with_an_unreadable_record_falls_back(
 
 
 def test_gc_does_not_skip_an_unreadable_record(node: Node) -> None:
-    netns = _attached(node)
+    netns = attached_pod(node)
     record = node.cni_dir / "records" / "c-p"
     record.write_text("")
     report = _inspect(node)
@@ -95,7 +87,7 @@ def test_gc_does_not_skip_an_unreadable_record(node: Node) -> None:
 
 
 def test_gc_keeps_a_valid_container_whose_record_is_unreadable(node: Node) -> None:
-    netns = _attached(node)
+    netns = attached_pod(node)
     ips = node.reserved_ips()
     (node.cni_dir / "records" / "c-p").write_text("")
 
@@ -108,7 +100,7 @@ def test_gc_keeps_a_valid_container_whose_record_is_unreadable(node: Node) -> No
 
 
 def test_a_corrupt_result_cache_file_is_reported_and_does_not_block_del(node: Node) -> None:
-    netns = _attached(node)
+    netns = attached_pod(node)
     shutil.rmtree(node.cni_dir / "records")
     cached = node.cni_dir / "results" / "macvlan-net-c-p-net1"
     cached.write_text("{not json")
@@ -126,7 +118,7 @@ def test_a_corrupt_result_cache_file_is_reported_and_does_not_block_del(node: No
 def test_add_makes_its_record_and_cache_durable(node: Node) -> None:
     """The sync step runs (its effect, data on disk after a crash, cannot be seen
     without pulling the power; fileio's unit tests check what it syncs)."""
-    _attached(node)
+    attached_pod(node)
     lines = [json.loads(line) for line in (node.root / "plexus.log").read_text().splitlines()]
     (synced,) = [line for line in lines if line["msg"] == "sync state to disk"]
     assert synced["outcome"] == "ok" and synced["files"] == 3  # record + 2 cache files
@@ -136,7 +128,7 @@ def test_add_makes_its_record_and_cache_durable(node: Node) -> None:
 
 
 def test_gc_releases_leases_left_when_record_and_pod_are_gone(node: Node) -> None:
-    kept = _attached(node, "keep")
+    kept = attached_pod(node, "keep")
     kept_ips = node.reserved_ips()
     gone = node.pod_netns()
     node.pod("gone", "macvlan-net")
@@ -214,7 +206,7 @@ def test_thin_del_racing_an_add_waits_for_it(node: Node) -> None:
 
 
 def test_lock_files_live_as_long_as_records(node: Node) -> None:
-    netns = _attached(node)
+    netns = attached_pod(node)
     assert _files(node.cni_dir / "locks") == ["c-p"]
     assert _inspect(node)["healthy"]
     node.ok("DEL", netns=netns, cid="c-p", pod="p")
@@ -231,7 +223,7 @@ def test_lock_files_live_as_long_as_records(node: Node) -> None:
 
 @pytest.mark.parametrize("ifname", ["eth0", "eth1"])
 def test_a_second_add_of_a_container_changes_nothing(node: Node, ifname: str) -> None:
-    netns = _attached(node)
+    netns = attached_pod(node)
     before = {i: node.addresses(netns, i) for i in ("eth0", "net1")}
     ips = node.reserved_ips()
 
