@@ -62,7 +62,10 @@ class Soak:
         sh("ip", "netns", "add", name)
         netns = f"/run/netns/{name}"
         added = self.node.cni("ADD", netns=netns, cid=cid, pod=pod)
-        self.counts["ADD ok" if added.returncode == 0 else "ADD failed"] += 1
+        if added.returncode == 0:
+            self.counts["ADD ok"] += 1
+        else:
+            self.counts[f"ADD failed (code {_code(added.stdout)})"] += 1
         if self.random.random() < netns_loss:
             sh("ip", "netns", "del", name)
             self.counts["netns deleted before DEL"] += 1
@@ -115,6 +118,13 @@ class Soak:
     def close(self) -> None:
         self.daemon.stop()
         self.node.close()
+
+
+def _code(stdout: str) -> object:
+    try:
+        return json.loads(stdout).get("code")
+    except (ValueError, AttributeError):
+        return "none"
 
 
 def _count(directory: Path) -> int:
