@@ -39,8 +39,8 @@ def loads(data: bytes | str, what: str, max_bytes: int = MAX_BYTES) -> Any:
         ) from None
     except ValueError as exc:  # bytes that are not UTF-8, -16 or -32
         raise CNIError(ErrorCode.DECODE_FAILURE, f"{what}: invalid JSON", str(exc)) from None
-    # No document with fewer opening brackets can nest deeper: most skip the walk.
-    if _openers(data) > MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
+    # A document with fewer opening brackets cannot nest deeper: most skip the scan.
+    if _openers(data) > MAX_DEPTH and _deeper_than(data, MAX_DEPTH):
         raise _too_deep(what)
     return value
 
@@ -51,18 +51,28 @@ def _openers(data: bytes | str) -> int:
     return data.count(b"[") + data.count(b"{")
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
-    """True if containers nest more than `limit` levels; walks one level at a time, so
-    the cost is one step per container and nothing recurses."""
-    level: list[Any] = [value] if isinstance(value, dict | list) else []
+_BRACKETS_ONLY = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+
+
+def _deeper_than(data: bytes | str, limit: int) -> bool:
+    """True if valid JSON `data` nests more than `limit` levels.
+
+    With escapes and strings dropped and `{}` made `[]`, what remains is the nesting
+    alone, and each pass removes its innermost level (every adjacent `[]`). Only C-level
+    bytes operations, so a large document costs about what decoding it did.
+    """
+    if isinstance(data, bytes) and (encoding := json.detect_encoding(data)) != "utf-8":
+        data = data.decode(encoding)  # UTF-16/32, which json accepts: scan it as UTF-8
+    raw = data.encode() if isinstance(data, str) else data
+    # Escapes occur only inside strings; without them every '"' opens or closes one.
+    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside_strings = b"".join(unescaped.split(b'"')[::2])
+    nesting = outside_strings.translate(_BRACKETS_ONLY, _NOT_BRACKETS)
     for _ in range(limit):
-        below: list[Any] = []
-        for container in level:
-            items = container.values() if isinstance(container, dict) else container
-            below += [item for item in items if isinstance(item, dict | list)]
-        if not below:
+        nesting = nesting.replace(b"[]", b"")
+        if not nesting:
             return False
-        level = below
     return True
 
 

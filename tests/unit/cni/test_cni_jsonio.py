@@ -65,3 +65,11 @@ def test_size_and_syntax_errors() -> None:
     )
     assert _error("{nope").msg.startswith("the thing: invalid JSON at line 1 column 2: ")
     assert _error(b"\xff\xfe\xfd").msg.startswith("the thing: invalid JSON")
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-32-le"])
+def test_depth_is_measured_the_same_in_every_encoding_json_accepts(encoding: str) -> None:
+    shallow = json.dumps({"a": ['"[[\\"', {"b": [[]]}]} | {str(i): [] for i in range(70)})
+    deep = '{"s": "]]]]\\"}}", "k": ' + _nested(65) + "}"
+    assert jsonio.loads(shallow.encode(encoding), "x")["a"][0] == '"[[\\"'
+    assert "nested deeper" in _error(deep.encode(encoding)).msg
