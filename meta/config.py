@@ -5,14 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from cni import deviceinfo, jsonio
 from cni.errors import CNIError, ErrorCode
@@ -95,14 +88,16 @@ class MetaConfig(BaseModel):
 
     @field_validator("global_namespaces", "system_namespaces", mode="before")
     @classmethod
-    def _split_commas(cls, value: Any, info: ValidationInfo) -> Any:
+    def _split_commas(cls, value: Any) -> Any:
         # Multus writes these as one comma-separated string; accept both forms.
-        if not isinstance(value, str):
-            return value
-        parts = [part.strip() for part in value.split(",") if part.strip()]
-        if not parts and info.field_name == "global_namespaces":
-            return list(DEFAULT_GLOBAL_NAMESPACES)  # Multus: an empty string is unset
-        return parts
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("global_namespaces")
+    @classmethod
+    def _empty_is_unset(cls, value: list[str]) -> list[str]:
+        return value or list(DEFAULT_GLOBAL_NAMESPACES)  # as Multus reads an empty string
 
     @field_validator("log_level")
     @classmethod

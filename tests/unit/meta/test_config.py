@@ -45,8 +45,10 @@ def test_multus_keys_and_defaults() -> None:
     assert conf.namespace_allowed("apps", "infra") and not conf.namespace_allowed("apps", "other")
 
 
-@pytest.mark.parametrize("value", [None, "", " , "])
-def test_global_namespaces_unset_or_empty_mean_default_as_in_multus(value: str | None) -> None:
+@pytest.mark.parametrize("value", [None, "", " , ", []])
+def test_global_namespaces_unset_or_empty_mean_default_as_in_multus(
+    value: str | list[str] | None,
+) -> None:
     conf = load_meta_config(_conf() if value is None else _conf(globalNamespaces=value))
     assert conf.global_namespaces == ["default"]
     assert conf.max_networks_per_pod == 32
