@@ -326,8 +326,8 @@ class Resolver:
             raise CNIError(
                 ErrorCode.INVALID_CONFIG,
                 f"pod {_pod_ref(pod)} may not use network {selection.ref}: "
-                f"namespaceIsolation allows only its own namespace and "
-                f"{self.conf.global_namespaces or 'no global namespaces'}",
+                "namespaceIsolation allows only its own namespace and globalNamespaces "
+                f"({', '.join(self.conf.global_namespaces)})",
             )
 
     def _selected_delegate(self, pod: Pod, selection: NetworkSelection, index: int) -> Delegate:

@@ -96,7 +96,7 @@ def _raw(daemon: Daemon, payload: bytes) -> tuple[int, dict[str, Any]]:
                 b"{nope",
             ),
             6,
-            "decoding",
+            "network config on stdin: invalid JSON",
         ),
     ],
 )

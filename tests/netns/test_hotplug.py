@@ -124,7 +124,7 @@ def test_isolation_and_the_network_limit_hold_for_hot_plug(node: Node, running: 
     assert _sync(node, namespaceIsolation=True) is False
     assert _events(node, "HotplugFailed")[-1] == (
         "pod default/hp may not use network other/net-x: namespaceIsolation allows only its "
-        "own namespace and ['default']"
+        "own namespace and globalNamespaces (default)"
     )
     node.pod("hp", "net-a,net-b,net-b")
     assert _sync(node, maxNetworksPerPod=2) is False
