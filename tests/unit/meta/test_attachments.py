@@ -206,8 +206,18 @@ def test_missing_nad(store: EmbeddedStore) -> None:
     ("config", "code", "words"),
     [
         ("{oops", ErrorCode.DECODE_FAILURE, "spec.config: invalid JSON at line 1 column 2"),
-        ("[" * 65 + "]" * 65, ErrorCode.DECODE_FAILURE, "spec.config is nested deeper than 64"),
-        ("[" * 100_000 + "]" * 100_000, ErrorCode.DECODE_FAILURE, "nested deeper than 64"),
+        pytest.param(
+            "[" * 65 + "]" * 65,
+            ErrorCode.DECODE_FAILURE,
+            "spec.config is nested deeper than 64",
+            id="nested-65-levels",
+        ),
+        pytest.param(
+            "[" * 100_000 + "]" * 100_000,
+            ErrorCode.DECODE_FAILURE,
+            "nested deeper than 64",
+            id="nested-100000-levels",
+        ),
         ("[1]", ErrorCode.INVALID_CONFIG, "JSON object"),
         ('{"name": "x"}', ErrorCode.INVALID_CONFIG, "neither a 'type' nor a 'plugins'"),
     ],

@@ -205,10 +205,11 @@ def test_unknown_keys_are_kept_for_gc() -> None:
     ("data", "code", "words"),
     [
         (b"{nope", ErrorCode.DECODE_FAILURE, "the plexus config: invalid JSON"),
-        (
+        pytest.param(
             b"[" * 100_000 + b"]" * 100_000,
             ErrorCode.DECODE_FAILURE,
             "the plexus config is nested deeper",
+            id="nested-100000-levels",
         ),
         (_conf(maxNetworksPerPod=0), ErrorCode.INVALID_CONFIG, "maxNetworksPerPod"),
         (b"[]", ErrorCode.DECODE_FAILURE, "JSON object"),
