@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cni import jsonio
 from cni.errors import CNIError, ErrorCode
 from cni.version import select_version
+
+_NETWORK_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
+NETWORK_NAME_RULE = "letters, digits, '_', '.' and '-', starting with a letter or digit"
 
 # Go's strconv.ParseBool, which libcni uses for string-valued flags.
 _BOOL_STRINGS = {
@@ -36,12 +41,7 @@ def load_network_config(data: bytes) -> NetworkConfigList:
     CNIError(DECODE_FAILURE) if it is not a JSON object, CNIError(INVALID_CONFIG) for a
     missing name/type or bad field, CNIError(INCOMPATIBLE_VERSION) for unsupported versions.
     """
-    try:
-        conf = json.loads(data)
-    except ValueError as err:
-        raise CNIError(
-            ErrorCode.DECODE_FAILURE, "error parsing network configuration", str(err)
-        ) from None
+    conf = jsonio.loads(data, "network configuration")
     if not isinstance(conf, dict):
         raise CNIError(ErrorCode.DECODE_FAILURE, "network configuration must be a JSON object")
     if "plugins" not in conf:
@@ -84,7 +84,22 @@ def _name(conf: Mapping[str, Any]) -> str:
             "network configuration has no 'name'",
             "set 'name' to a non-empty string",
         )
+    if not valid_network_name(name):
+        raise CNIError(
+            ErrorCode.INVALID_CONFIG,
+            f"invalid characters found in network name {name!r}",
+            f"a network name is {NETWORK_NAME_RULE}",
+        )
     return name
+
+
+def valid_network_name(name: str) -> bool:
+    """The CNI spec's rule for network names (libcni's ValidateNetworkName).
+
+    Plugins and IPAM build paths from the name (host-local's `<dataDir>/<name>`, the
+    result cache), so this also keeps `..` and `/` out of them.
+    """
+    return _NETWORK_NAME.fullmatch(name) is not None
 
 
 def _check_plugin(plugin: Any, what: str) -> None:

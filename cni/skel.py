@@ -9,6 +9,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO, Protocol
 
+from cni import jsonio
 from cni.env import CmdArgs, cmd_args_from_env
 from cni.errors import CNIError, ErrorCode
 from cni.result import Result
@@ -42,13 +43,12 @@ def version_output(supported: Sequence[str] = SUPPORTED_VERSIONS) -> bytes:
     return json.dumps(reply, separators=(",", ":")).encode()
 
 
+STDIN = "network config on stdin"
+"""How errors name the config a plugin reads on stdin."""
+
+
 def _decode_conf(stdin: bytes) -> dict[str, Any]:
-    try:
-        conf = json.loads(stdin)
-    except ValueError as err:
-        raise CNIError(
-            ErrorCode.DECODE_FAILURE, "error decoding network config", str(err)
-        ) from None
+    conf = jsonio.loads(stdin, STDIN)
     if not isinstance(conf, dict):
         raise CNIError(ErrorCode.DECODE_FAILURE, "network config on stdin must be a JSON object")
     if not isinstance(conf.get("name"), str) or not conf["name"]:
@@ -87,9 +87,10 @@ def dispatch(plugin: Plugin, args: CmdArgs, supported: Sequence[str] = SUPPORTED
 def _error_version(stdin: bytes) -> str:
     """The cniVersion to stamp on an error: the config's if readable, else the newest."""
     try:
-        version = json.loads(stdin).get("cniVersion")
-    except (ValueError, AttributeError):
+        conf = jsonio.loads(stdin, STDIN)
+    except CNIError:
         return CURRENT_VERSION
+    version = conf.get("cniVersion") if isinstance(conf, dict) else None
     return version if isinstance(version, str) and version else CURRENT_VERSION
 
 

@@ -22,9 +22,11 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
 
+from cni import jsonio
 from cni.env import CmdArgs
 from cni.errors import CNIError
 from cni.result import DNS, Interface, Result
+from cni.skel import STDIN
 from delegates import ipconfig
 from delegates.link import (
     Link,
@@ -71,7 +73,7 @@ def go_field(obj: Mapping[str, Any], key: str, want: type, go_type: str, where: 
 
 def decode_conf(stdin: bytes) -> dict[str, Any]:
     """The plugin config (skel has already checked that it is a JSON object)."""
-    raw = json.loads(stdin)
+    raw = jsonio.loads(stdin, STDIN)
     if not isinstance(raw, dict):
         raise fail("failed to load netconf: the config is not a JSON object")
     return raw

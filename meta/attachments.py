@@ -8,12 +8,14 @@ are `net<index>`.
 from __future__ import annotations
 
 import copy
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from cni import jsonio
+from cni.config import NETWORK_NAME_RULE, valid_network_name
 from cni.errors import CNIError, ErrorCode
+from cni.result import Result
 from meta.config import MetaConfig
 from meta.delegate import Delegate
 from meta.devices import DeviceAllocator, DeviceSource
@@ -31,6 +33,8 @@ _SELECTION_CAPABILITIES = {
     "port_mappings": "portMappings",
     "bandwidth": "bandwidth",
 }
+# Capabilities whose requests also travel in CNI_ARGS (IP=, MAC=), as Multus sends them.
+_ALSO_IN_CNI_ARGS = frozenset({"ips", "mac"})
 
 
 class NetworkNotFound(CNIError):
@@ -45,19 +49,14 @@ class NetworkNotFound(CNIError):
         self.ref = ref
 
 
-def parse_config_text(text: str, origin: str) -> dict[str, Any]:
-    """A conf or conflist from JSON text; `origin` names it in errors."""
-    try:
-        conf = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CNIError(
-            ErrorCode.DECODE_FAILURE, f"{origin}: config is not valid JSON", str(exc)
-        ) from exc
+def parse_config_text(text: str, what: str) -> dict[str, Any]:
+    """A conf or conflist from JSON text; `what` names it in errors."""
+    conf = jsonio.loads(text, what)
     if not isinstance(conf, dict):
-        raise CNIError(ErrorCode.INVALID_CONFIG, f"{origin}: config must be a JSON object")
+        raise CNIError(ErrorCode.INVALID_CONFIG, f"{what} must be a JSON object")
     if "type" not in conf and not isinstance(conf.get("plugins"), list):
         raise CNIError(
-            ErrorCode.INVALID_CONFIG, f"{origin}: config has neither a 'type' nor a 'plugins' list"
+            ErrorCode.INVALID_CONFIG, f"{what} has neither a 'type' nor a 'plugins' list"
         )
     return conf
 
@@ -73,7 +72,7 @@ def find_conf_file(conf_dir: str, name: str) -> dict[str, Any] | None:
             continue
         path = os.path.join(conf_dir, file)
         try:
-            conf = parse_config_text(Path(path).read_text(), path)
+            conf = parse_config_text(Path(path).read_text(), f"config file {path}")
         except (OSError, CNIError):
             continue
         if conf.get("name") == name:
@@ -85,7 +84,7 @@ def nad_config(nad: NetworkAttachmentDefinition, conf_dir: str) -> dict[str, Any
     """A NAD's spec.config, or the conf file of the same name when it is empty."""
     origin = f"network-attachment-definition {nad.namespace}/{nad.name}"
     if nad.config.strip():
-        conf = parse_config_text(nad.config, origin)
+        conf = parse_config_text(nad.config, f"{origin} spec.config")
     else:
         found = find_conf_file(conf_dir, nad.name)
         if found is None:
@@ -135,14 +134,15 @@ def inject_device_id(config: dict[str, Any], device_id: str) -> dict[str, Any]:
 def selection_capability_args(
     selection: NetworkSelection, network: str, config: dict[str, Any]
 ) -> dict[str, Any]:
-    """Capability args the selection asks for; an error if no plugin can take one."""
+    """Capability args the selection asks for; an error if neither runtimeConfig (no
+    plugin declares the capability) nor CNI_ARGS (only `ips` and `mac`) can carry one."""
     wanted: dict[str, Any] = {}
     for field, cap in _SELECTION_CAPABILITIES.items():
         value = getattr(selection, field)
         if value:
             wanted[cap] = value
     declared = declared_capabilities(config)
-    missing = sorted(set(wanted) - declared)
+    missing = sorted(set(wanted) - declared - _ALSO_IN_CNI_ARGS)
     if missing:
         raise CNIError(
             ErrorCode.UNSUPPORTED_FIELD,
@@ -154,6 +154,39 @@ def selection_capability_args(
     if selection.device_id and "deviceID" in declared:
         wanted["deviceID"] = selection.device_id
     return wanted
+
+
+def selection_cni_args(selection: NetworkSelection) -> list[tuple[str, str]]:
+    """What Multus adds to CNI_ARGS for a selection: `MAC=`, `IP=` (the ips joined by
+    commas) and `IgnoreUnknown=true`, so plugins that read neither still run."""
+    pairs = [("MAC", selection.mac or ""), ("IP", ",".join(selection.ips or []))]
+    wanted = [(key, value) for key, value in pairs if value]
+    return [("IgnoreUnknown", "true"), *wanted] if wanted else []
+
+
+def unhonoured_requests(delegate: Delegate, result: Result) -> list[str]:
+    """The pod's `ips`/`mac` requests (sent in CNI_ARGS) that the ADD result does not show."""
+    requests = dict(delegate.cni_args)
+    problems = []
+    wanted_ips = [ip.split("/")[0] for ip in requests.get("IP", "").split(",") if ip]
+    got_ips = [str(ip.address.ip) for ip in result.ips]
+    if missing := [ip for ip in wanted_ips if ip not in got_ips]:
+        problems.append(f"ips {','.join(missing)} (got {','.join(got_ips) or 'none'})")
+    mac = requests.get("MAC", "")
+    got_mac = next(
+        (i.mac for i in result.interfaces if i.name == delegate.ifname and i.sandbox), ""
+    )
+    if mac and got_mac and _hw_digits(mac) != _hw_digits(got_mac):
+        problems.append(f"mac {mac} (got {got_mac})")
+    return [
+        f"network {delegate.network} ({delegate.ifname}): the pod asked for {problem}; no "
+        "plugin of the network honoured it, in runtimeConfig or in CNI_ARGS"
+        for problem in problems
+    ]
+
+
+def _hw_digits(mac: str) -> str:
+    return "".join(c for c in mac.lower() if c in "0123456789abcdef")
 
 
 class Resolver:
@@ -191,6 +224,7 @@ class Resolver:
                 reserved = [s.device_id for s in selections if s.device_id]
                 _assign_devices(delegates, DeviceAllocator(self.devices, pod, reserved))
         _check_unique_ifnames(delegates)
+        _check_network_names(delegates)
         return delegates
 
     def _static_delegates(self) -> list[Delegate]:
@@ -210,15 +244,22 @@ class Resolver:
         return delegates
 
     def _cluster_delegate(self, pod: Pod) -> Delegate:
+        """The pod's default network; named `namespace/name` when it comes from a NAD,
+        else by its config's name, as Multus names it in network-status and events."""
         annotation = pod.annotations.get(DEFAULT_NETWORK_ANNOTATION, "").strip()
         if annotation:
-            selections = parse_networks(annotation, self.conf.multus_namespace)
+            origin = f"the {DEFAULT_NETWORK_ANNOTATION} annotation of pod {_pod_ref(pod)}"
+            selections = parse_networks(annotation, self.conf.multus_namespace, origin)
             if len(selections) != 1:
                 raise CNIError(
                     ErrorCode.INVALID_CONFIG,
                     f"{DEFAULT_NETWORK_ANNOTATION} must name exactly one network, "
                     f"got {annotation!r}",
                 )
+            # The default network's NADs live in multusNamespace (Multus's rule), so an
+            # unqualified name, which means that namespace, stays allowed.
+            if selections[0].namespace != self.conf.multus_namespace:
+                self._check_isolation(pod, selections[0])
             network, config, resource = self._named_config(selections[0].ref)
         elif self.conf.cluster_network:
             network, config, resource = self._named_config(self.conf.cluster_network)
@@ -226,7 +267,7 @@ class Resolver:
             config = copy.deepcopy(self.conf.delegates[0])
             network, resource = str(config.get("name", "cluster")), ""
         return Delegate(
-            network=str(config.get("name", network)),
+            network=network,
             ifname=self.ifname,
             config=config,
             default=True,
@@ -247,13 +288,15 @@ class Resolver:
     def _named_config(self, ref: str) -> tuple[str, dict[str, Any], str]:
         """clusterNetwork / defaultNetworks entry: a NAD, a config file path, or a config name.
 
-        Returns the network's name, its config and its NAD's resourceName ("" if none).
+        Returns the network's name (`namespace/name` for a NAD, else the config's name),
+        its config and its NAD's resourceName ("" if none).
         """
         if os.path.isabs(ref) and ref.endswith(CONF_SUFFIXES):
             try:
-                return ref, parse_config_text(Path(ref).read_text(), ref), ""
+                config = parse_config_text(Path(ref).read_text(), f"config file {ref}")
             except OSError as exc:
                 raise NetworkNotFound(ref, str(exc)) from exc
+            return str(config.get("name", ref)), config, ""
         if self.source is not None:
             namespace, name = parse_network_ref(ref, self.conf.multus_namespace)
             nad = self.source.get_nad(namespace, name)
@@ -267,17 +310,28 @@ class Resolver:
 
     def _selections(self, pod: Pod) -> list[NetworkSelection]:
         value = pod.annotations.get(NETWORKS_ANNOTATION, "")
-        return parse_networks(value, pod.namespace) if value.strip() else []
+        if not value.strip():
+            return []
+        origin = f"the networks annotation of pod {_pod_ref(pod)}"
+        selections = parse_networks(
+            value, pod.namespace, origin, limit=self.conf.max_networks_per_pod
+        )
+        for selection in selections:
+            self._check_isolation(pod, selection)
+        return selections
 
-    def _selected_delegate(self, pod: Pod, selection: NetworkSelection, index: int) -> Delegate:
-        assert self.source is not None
+    def _check_isolation(self, pod: Pod, selection: NetworkSelection) -> None:
+        """namespaceIsolation: refuse a NAD outside the pod's and the global namespaces."""
         if not self.conf.namespace_allowed(pod.namespace, selection.namespace):
             raise CNIError(
                 ErrorCode.INVALID_CONFIG,
-                f"pod {pod.namespace}/{pod.name} may not use network {selection.ref}: "
-                f"namespaceIsolation allows only its own namespace and "
-                f"{self.conf.global_namespaces or 'no global namespaces'}",
+                f"pod {_pod_ref(pod)} may not use network {selection.ref}: "
+                "namespaceIsolation allows only its own namespace and globalNamespaces "
+                f"({', '.join(self.conf.global_namespaces)})",
             )
+
+    def _selected_delegate(self, pod: Pod, selection: NetworkSelection, index: int) -> Delegate:
+        assert self.source is not None
         nad = self.source.get_nad(selection.namespace, selection.name)
         if nad is None:
             raise NetworkNotFound(selection.ref, f"in namespace {selection.namespace}")
@@ -290,10 +344,15 @@ class Resolver:
             ifname_chosen=bool(selection.interface),
             config=config,
             capability_args=caps,
+            cni_args=selection_cni_args(selection),
             gateway_request=list(selection.default_route or []),
             resource_name=nad.resource_name or "",
             device_id=selection.device_id or "",
         )
+
+
+def _pod_ref(pod: Pod) -> str:
+    return f"{pod.namespace}/{pod.name}"
 
 
 def _assign_devices(delegates: list[Delegate], allocator: DeviceAllocator) -> None:
@@ -306,6 +365,19 @@ def _assign_devices(delegates: list[Delegate], allocator: DeviceAllocator) -> No
         delegate.config = inject_device_id(delegate.config, device_id)
         if "deviceID" in declared_capabilities(delegate.config):
             delegate.capability_args["deviceID"] = device_id
+
+
+def _check_network_names(delegates: list[Delegate]) -> None:
+    """Refuse a config name that is not a CNI network name before any plugin runs:
+    plugins and IPAM build paths from it (host-local's `<dataDir>/<name>`)."""
+    for delegate in delegates:
+        name = delegate.config.get("name")
+        if isinstance(name, str) and not valid_network_name(name):
+            raise CNIError(
+                ErrorCode.INVALID_CONFIG,
+                f"network {delegate.network}: its config's name {name!r} is not a valid CNI "
+                f"network name ({NETWORK_NAME_RULE})",
+            )
 
 
 def _check_unique_ifnames(delegates: list[Delegate]) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from cni import deviceinfo
+from cni import deviceinfo, jsonio
 from cni.errors import CNIError, ErrorCode
 from cni.logs import LOGGER_NAME
 from cni.models import validation_details
@@ -18,6 +17,8 @@ log = logging.getLogger(f"{LOGGER_NAME}.config")
 
 DEFAULT_CNI_DIR = "/var/lib/cni/plexus"
 DEFAULT_CONF_DIR = "/etc/cni/multus/net.d"
+DEFAULT_GLOBAL_NAMESPACES = ("default",)
+"""Multus's globalNamespaces when it is unset or empty (GetDefaultNetConf)."""
 
 CNI_KEYS = frozenset(
     {
@@ -64,7 +65,10 @@ class MetaConfig(BaseModel):
     system_namespaces: list[str] = Field(default=["kube-system"], alias="systemNamespaces")
     multus_namespace: str = Field("kube-system", alias="multusNamespace")
     namespace_isolation: bool = Field(False, alias="namespaceIsolation")
-    global_namespaces: list[str] = Field(default_factory=list, alias="globalNamespaces")
+    global_namespaces: list[str] = Field(
+        default=list(DEFAULT_GLOBAL_NAMESPACES), alias="globalNamespaces"
+    )
+    max_networks_per_pod: int = Field(32, ge=1, alias="maxNetworksPerPod")
     conf_dir: str = Field(DEFAULT_CONF_DIR, alias="confDir")
     cni_dir: str = Field(DEFAULT_CNI_DIR, alias="cniDir")
     bin_dir: str = Field("", alias="binDir")
@@ -89,6 +93,11 @@ class MetaConfig(BaseModel):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("global_namespaces")
+    @classmethod
+    def _empty_is_unset(cls, value: list[str]) -> list[str]:
+        return value or list(DEFAULT_GLOBAL_NAMESPACES)  # as Multus reads an empty string
 
     @field_validator("log_level")
     @classmethod
@@ -138,12 +147,7 @@ def _warn_unknown(extra: dict[str, Any]) -> None:
 
 def load_meta_config(data: bytes) -> MetaConfig:
     """Parse the meta-plugin config from the runtime's stdin."""
-    try:
-        raw = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CNIError(
-            ErrorCode.DECODE_FAILURE, "cannot decode the plexus config", str(exc)
-        ) from exc
+    raw = jsonio.loads(data, "the plexus config")
     if not isinstance(raw, dict):
         raise CNIError(ErrorCode.DECODE_FAILURE, "the plexus config must be a JSON object")
     try:

@@ -19,6 +19,9 @@ class Delegate(BaseModel):
     config: dict[str, Any] = Field(description="the conf or conflist to run, fully resolved")
     default: bool = False
     capability_args: dict[str, Any] = Field(default_factory=dict)
+    cni_args: list[tuple[str, str]] = Field(
+        default_factory=list, description="CNI_ARGS pairs for this attachment only (IP=, MAC=)"
+    )
     gateway_request: list[str] = Field(default_factory=list)
     resource_name: str = Field("", description="the NAD's device-plugin resource, if any")
     device_id: str = Field("", description="the device given to this attachment, if any")
@@ -31,6 +34,13 @@ class Delegate(BaseModel):
     def network_config(self) -> NetworkConfigList:
         """The config as the protocol layer runs it."""
         return load_network_config(self.config_bytes)
+
+    def runtime_args(self, args: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        """The runtime's CNI_ARGS with this attachment's own pairs replacing theirs."""
+        if not self.cni_args:
+            return args
+        own = {key for key, _ in self.cni_args}
+        return tuple(pair for pair in args if pair[0] not in own) + tuple(self.cni_args)
 
     @property
     def plugin_types(self) -> list[str]:

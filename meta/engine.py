@@ -18,7 +18,7 @@ from cni.result import Result
 from cni.runtime import CNIRuntime, RuntimeConf
 from cni.version import version_at_least
 from meta import routes
-from meta.attachments import NetworkNotFound, Resolver
+from meta.attachments import NetworkNotFound, Resolver, unhonoured_requests
 from meta.config import MetaConfig
 from meta.delegate import Delegate
 from meta.devices import DeviceSource
@@ -86,6 +86,7 @@ class Engine:
                 self._rollback(args, delegates, log)
                 raise
             self._announce(pod, delegates, results)
+            self._warn_unhonoured(pod, delegates, results, log)
             default = next(r for d, r in zip(delegates, results, strict=True) if d.default)
             return default.convert(self.conf.cni_version)
 
@@ -198,6 +199,16 @@ class Engine:
                 "AddedInterface",
                 f"Add {delegate.ifname} [{','.join(cidrs)}] from {delegate.network}",
             )
+
+    def _warn_unhonoured(
+        self, pod: Pod | None, delegates: list[Delegate], results: list[Result], log: StepLogger
+    ) -> None:
+        """A warning, logged and as an event, for each ips/mac request no plugin honoured."""
+        for delegate, result in zip(delegates, results, strict=True):
+            for message in unhonoured_requests(delegate, result):
+                log.warning("request not honoured", reason=message)
+                if pod is not None and self.source is not None:
+                    self.source.record_event(pod, "Warning", "IgnoredRequest", message)
 
     # ---- DEL -----------------------------------------------------------------
 
@@ -411,6 +422,7 @@ class Engine:
         self._write_status(pod, [d for d, _ in known], [r for _, r in known], log)
         new = [d for d in current if id(d) in fresh]
         self._announce(pod, new, [fresh[id(d)] for d in new])
+        self._warn_unhonoured(pod, new, [fresh[id(d)] for d in new], log)
         return True
 
     def _cached(self, container_id: str, delegate: Delegate) -> Result | None:
@@ -562,7 +574,11 @@ class Engine:
 
     def _rt(self, args: CmdArgs, delegate: Delegate) -> RuntimeConf:
         return RuntimeConf(
-            args.container_id, args.netns, delegate.ifname, args.args, delegate.capability_args
+            args.container_id,
+            args.netns,
+            delegate.ifname,
+            delegate.runtime_args(args.args),
+            delegate.capability_args,
         )
 
     def _pod_expected(self, args: CmdArgs) -> bool:

@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from cni import jsonio
+from cni.config import NETWORK_NAME_RULE, valid_network_name
 from cni.env import ifname_problem
 from cni.errors import CNIError, ErrorCode
 
@@ -29,7 +31,6 @@ NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_LABEL = re.compile(_LABEL)
 _DNS1123_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
-_CNI_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
 _HW_ADDR_BYTES = (6, 8, 20)  # what Go's net.ParseMAC accepts: EUI-48, EUI-64, IPoIB
 
 
@@ -154,10 +155,26 @@ class NetworkSelection(BaseModel):
         return value
 
 
-def parse_networks(value: str, default_namespace: str) -> list[NetworkSelection]:
-    """The selections in annotation `value`; namespaces default to `default_namespace`."""
+def parse_networks(
+    value: str,
+    default_namespace: str,
+    origin: str = "networks annotation",
+    limit: int | None = None,
+) -> list[NetworkSelection]:
+    """The selections in annotation `value`; namespaces default to `default_namespace`.
+
+    `origin` names the annotation in errors. More than `limit` elements is an error
+    (code 7) raised before any element is validated.
+    """
     is_json = any(c in value for c in '[{"')
-    entries = _json_entries(value) if is_json else _text_entries(value)
+    items = _json_items(value, origin) if is_json else _text_items(value)
+    if limit is not None and len(items) > limit:
+        raise CNIError(
+            ErrorCode.INVALID_CONFIG,
+            f"{origin} asks for {len(items)} networks; at most {limit} are allowed "
+            "(maxNetworksPerPod)",
+        )
+    entries = _json_entries(items, origin) if is_json else _text_entries(items, origin)
     selections: list[NetworkSelection] = []
     owners: dict[str, int] = {}
     for position, label, data in entries:
@@ -166,14 +183,14 @@ def parse_networks(value: str, default_namespace: str) -> list[NetworkSelection]
         try:
             selection = NetworkSelection.model_validate(data)
         except ValidationError as exc:
-            raise _element_error(position, label, _first_problem(exc)) from exc
+            raise _element_error(origin, position, label, _first_problem(exc)) from exc
         if selection.interface is not None:
             if selection.interface in owners:
                 problem = (
                     f'interface "{selection.interface}" is also requested by '
                     f"element {owners[selection.interface]}"
                 )
-                raise _element_error(position, label, problem)
+                raise _element_error(origin, position, label, problem)
             owners[selection.interface] = position
         selections.append(selection)
     return selections
@@ -193,8 +210,8 @@ def parse_network_ref(value: str, default_namespace: str) -> tuple[str, str]:
         problem = 'more than one "/"'
     elif slash and (label := _label_problem("namespace", namespace)):
         problem = label
-    elif not _CNI_NAME.fullmatch(name):
-        problem = f'name "{name}" is not a valid network name'
+    elif not valid_network_name(name):
+        problem = f'name "{name}" is not a valid network name ({NETWORK_NAME_RULE})'
     else:
         return namespace or default_namespace, name
     raise CNIError(ErrorCode.INVALID_CONFIG, f'network reference "{value}": {problem}')
@@ -203,27 +220,30 @@ def parse_network_ref(value: str, default_namespace: str) -> tuple[str, str]:
 _Entry = tuple[int, str, dict[str, Any]]
 
 
-def _text_entries(value: str) -> list[_Entry]:
-    """Comma form: `[namespace/]name[@ifname]`, each a DNS-1123 label; blanks skipped."""
+def _text_items(value: str) -> list[tuple[int, str]]:
+    """Comma form: the non-blank elements, trimmed, with their positions."""
+    items = [(position, raw.strip()) for position, raw in enumerate(value.split(","), start=1)]
+    return [(position, item) for position, item in items if item]
+
+
+def _text_entries(items: list[tuple[int, str]], origin: str) -> list[_Entry]:
+    """Each `[namespace/]name[@ifname]`, namespace and name DNS-1123 labels."""
     entries: list[_Entry] = []
-    for position, raw in enumerate(value.split(","), start=1):
-        item = raw.strip()
-        if not item:
-            continue
+    for position, item in items:
         label = f'"{item}"'
         parts = item.split("/")
         at_parts = parts[-1].split("@")
         if len(parts) > 2:
-            raise _element_error(position, label, 'more than one "/"')
+            raise _element_error(origin, position, label, 'more than one "/"')
         if len(at_parts) > 2:
-            raise _element_error(position, label, 'more than one "@"')
+            raise _element_error(origin, position, label, 'more than one "@"')
         namespace = parts[0].strip() if len(parts) == 2 else ""
         name = at_parts[0].strip()
         problem = (namespace and _label_problem("namespace", namespace)) or (
             "name is empty" if not name else _label_problem("name", name)
         )
         if problem:
-            raise _element_error(position, label, problem)
+            raise _element_error(origin, position, label, problem)
         interface = at_parts[1].strip() if len(at_parts) == 2 else None
         entries.append(
             (position, label, {"name": name, "namespace": namespace, "interface": interface})
@@ -231,24 +251,22 @@ def _text_entries(value: str) -> list[_Entry]:
     return entries
 
 
-def _json_entries(value: str) -> list[_Entry]:
-    try:
-        data = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise CNIError(
-            ErrorCode.DECODE_FAILURE,
-            f"networks annotation: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
-        ) from exc
+def _json_items(value: str, origin: str) -> list[Any]:
+    data = jsonio.loads(value, origin)
     if not isinstance(data, list):
         raise CNIError(
             ErrorCode.INVALID_CONFIG,
-            f"networks annotation: expected a JSON list of objects, got {_json_type(data)}",
+            f"{origin}: expected a JSON list of objects, got {_json_type(data)}",
         )
+    return data
+
+
+def _json_entries(items: list[Any], origin: str) -> list[_Entry]:
     entries: list[_Entry] = []
-    for position, item in enumerate(data, start=1):
+    for position, item in enumerate(items, start=1):
         if not isinstance(item, dict):
             problem = f"expected a JSON object, got {_json_type(item)}"
-            raise _element_error(position, json.dumps(item)[:60], problem)
+            raise _element_error(origin, position, json.dumps(item)[:60], problem)
         entries.append((position, _describe(item), dict(item)))
     return entries
 
@@ -275,7 +293,5 @@ def _first_problem(exc: ValidationError) -> str:
     return f"{field[1:]}: {error['msg']}"
 
 
-def _element_error(position: int, label: str, problem: str) -> CNIError:
-    return CNIError(
-        ErrorCode.INVALID_CONFIG, f"networks annotation element {position} ({label}): {problem}"
-    )
+def _element_error(origin: str, position: int, label: str, problem: str) -> CNIError:
+    return CNIError(ErrorCode.INVALID_CONFIG, f"{origin} element {position} ({label}): {problem}")

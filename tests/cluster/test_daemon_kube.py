@@ -49,7 +49,7 @@ class KubeNode:
             },
         )
 
-    def pod(self, name: str, networks: str, namespace: str = "") -> str:
+    def pod(self, name: str, networks: str, namespace: str = "", **annotations: str) -> str:
         ns = namespace or self.namespace
         created = self.cluster.create(
             f"/api/v1/namespaces/{ns}/pods",
@@ -58,7 +58,7 @@ class KubeNode:
                 "kind": "Pod",
                 "metadata": {
                     "name": name,
-                    "annotations": {"k8s.v1.cni.cncf.io/networks": networks},
+                    "annotations": {"k8s.v1.cni.cncf.io/networks": networks, **annotations},
                 },
                 "spec": {
                     "nodeName": "test-node",
@@ -186,6 +186,41 @@ def test_nad_in_another_namespace_with_isolation_on_and_off(kube: KubeNode) -> N
     netns, allowed = kube.add("iso", uid, namespaceIsolation=False)
     assert allowed.returncode == 0, allowed.stdout
     assert kube.node.links(netns) == ["eth0", "lo", "net1"]
+
+
+def test_default_network_annotation_isolation_and_naming_as_multus(kube: KubeNode) -> None:
+    """Isolation covers `v1.multus-cni.io/default-network`; a NAD default network is named
+    `<namespace>/<nad>` in network-status and events; globalNamespaces unset means
+    `default`, as in Multus."""
+    other = f"pxt-{uuid.uuid4().hex[:8]}"
+    kube.cluster.create_namespace(other)
+    shared = f"shared-{uuid.uuid4().hex[:6]}"  # the default namespace is the whole run's
+    kube.nad("alt", kube.node.bridge_conf(name="inner"))
+    kube.nad("alt", kube.node.bridge_conf(name="inner"), namespace=other)
+    kube.nad(shared, kube.node.macvlan_conf(), namespace="default")
+    default_network = "v1.multus-cni.io/default-network"
+    bypass = kube.pod("bypass", "", **{default_network: f"{other}/alt"})
+    own = kube.pod("own", f"default/{shared}", **{default_network: f"{kube.namespace}/alt"})
+    time.sleep(0.5)  # let the watch deliver the new pods
+
+    netns, refused = kube.add("bypass", bypass, namespaceIsolation=True)
+    error = json.loads(refused.stdout)
+    assert refused.returncode == 1 and error["code"] == 7
+    assert f"may not use network {other}/alt: namespaceIsolation" in error["msg"]
+    assert kube.node.links(netns) == ["lo"]
+
+    netns, allowed = kube.add("own", own, namespaceIsolation=True)
+    assert allowed.returncode == 0, allowed.stdout
+    status = json.loads(kube.get_pod("own")["metadata"]["annotations"][STATUS])
+    assert [(s["name"], s["interface"]) for s in status] == [
+        (f"{kube.namespace}/alt", "eth0"),
+        (f"default/{shared}", "net1"),
+    ]
+    added = [e["message"] for e in _events(kube) if e["reason"] == "AddedInterface"]
+    assert sorted(m.split(" from ")[1] for m in added) == [
+        f"default/{shared}",
+        f"{kube.namespace}/alt",
+    ]
 
 
 def test_api_server_away_during_add_of_a_cached_pod(kube: KubeNode) -> None:

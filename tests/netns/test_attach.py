@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.netns.conftest import Node, sh
 
 
@@ -153,3 +155,64 @@ def test_two_default_routes_for_one_family_is_an_error(node: Node) -> None:
     error = node.error("ADD", netns=netns, cid="c-ecmp", pod="ecmp")
     assert error["code"] == 7 and "more than one IPv4 gateway" in error["msg"]
     assert node.links(netns) == ["lo"]
+
+
+@pytest.mark.parametrize(
+    "exec_delegates", [[], ["macvlan", "static"]], ids=["builtin", "reference"]
+)
+def test_ips_and_mac_without_the_capabilities_arrive_in_cni_args(
+    node: Node, exec_delegates: list[str]
+) -> None:
+    """As with Multus 4.2 (IP= and MAC= in CNI_ARGS): static IPAM and macvlan honour a pod's
+    ips and mac although the NAD declares no capability, ours as the reference plugins."""
+    node.nad("plain-static", node.macvlan_conf(ipam={"type": "static"}))
+    node.pod(
+        "nocap",
+        [{"name": "plain-static", "ips": ["10.98.7.8/16"], "mac": "02:00:00:00:77:08"}],
+    )
+    netns = node.pod_netns()
+
+    node.ok(
+        "ADD", netns=netns, cid="c-nocap", pod="nocap", conf=node.meta(execDelegates=exec_delegates)
+    )
+
+    assert node.addresses(netns, "net1") == ["10.98.7.8"]
+    entry = node.network_status("nocap")[1]
+    assert (entry["ips"], entry["mac"]) == (["10.98.7.8"], "02:00:00:00:77:08")
+    assert [e["reason"] for e in node.events()] == ["AddedInterface", "AddedInterface"]
+
+
+def test_ips_no_plugin_honours_are_a_warning_event(node: Node) -> None:
+    l2_only = node.macvlan_conf()
+    del l2_only["ipam"]
+    node.nad("l2", l2_only)
+    node.pod("l2pod", [{"name": "l2", "ips": ["10.98.7.9/16"]}])
+    netns = node.pod_netns()
+
+    node.ok("ADD", netns=netns, cid="c-l2", pod="l2pod")
+
+    warnings = [e for e in node.events() if e["reason"] == "IgnoredRequest"]
+    assert [(e["type"], e["message"]) for e in warnings] == [
+        (
+            "Warning",
+            "network default/l2 (net1): the pod asked for ips 10.98.7.9 (got none); no plugin "
+            "of the network honoured it, in runtimeConfig or in CNI_ARGS",
+        )
+    ]
+    log = (node.root / "plexus.log").read_text()
+    assert "request not honoured" in log
+
+
+def test_a_default_network_from_a_nad_is_named_namespace_slash_name(node: Node) -> None:
+    """Multus names it `<namespace>/<nad>` in network-status and events, not by its config."""
+    node.nad("alt", node.bridge_conf(name="inner-name"), namespace="kube-system")
+    node.pod("alt", **{"v1.multus-cni.io/default-network": "alt"})
+    netns = node.pod_netns()
+
+    node.ok("ADD", netns=netns, cid="c-alt", pod="alt")
+
+    status = node.network_status("alt")
+    assert [(s["name"], s["interface"], s.get("default")) for s in status] == [
+        ("kube-system/alt", "eth0", True)
+    ]
+    assert [e["message"].split(" from ")[1] for e in node.events()] == ["kube-system/alt"]

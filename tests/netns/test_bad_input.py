@@ -38,7 +38,7 @@ class Case:
     verb: str = "ADD"
     env: Mapping[str, str | None] = field(default_factory=dict)  # overrides; None unsets
     conf: Callable[[Node], dict[str, Any]] | None = None  # stdin config (default: node.meta())
-    raw: str | None = None  # stdin as is, instead of a config
+    raw: Callable[[Node], str] | None = None  # stdin as is, instead of a config
     networks: str | list[dict[str, Any]] | None = None  # the pod's networks annotation
     annotations: Mapping[str, str] = field(default_factory=dict)
 
@@ -63,12 +63,27 @@ def _macvlan(**fields: Any) -> dict[str, Any]:
     return {"name": "macvlan-net", **fields}
 
 
+NESTED = "[" * 100_000 + "]" * 100_000
+"""JSON nested 100,000 levels: Python's own decoder dies of RecursionError on it."""
+
+
+def _deep_stdin(node: Node) -> str:
+    """The node's meta config with a deeply nested value (json.dumps cannot write one)."""
+    return json.dumps(node.meta())[:-1] + f', "x": {NESTED}}}'
+
+
 CASES = [
     # -- stdin --------------------------------------------------------------------------
-    Case("garbage-stdin", 6, "error decoding network config", raw="{not json"),
-    Case("empty-stdin", 6, "error decoding network config", raw=""),
-    Case("stdin-a-list", 6, "must be a JSON object", raw="[1, 2]"),
-    Case("stdin-a-string", 6, "must be a JSON object", raw='"plexus"'),
+    Case("garbage-stdin", 6, "network config on stdin: invalid JSON", raw=lambda n: "{not json"),
+    Case("empty-stdin", 6, "network config on stdin: invalid JSON", raw=lambda n: ""),
+    Case("stdin-a-list", 6, "must be a JSON object", raw=lambda n: "[1, 2]"),
+    Case("stdin-a-string", 6, "must be a JSON object", raw=lambda n: '"plexus"'),
+    Case(
+        "stdin-nested-100000-levels",
+        6,
+        "network config on stdin is nested deeper than 64 levels",
+        raw=_deep_stdin,
+    ),
     Case("config-without-name", 7, "no 'name'", conf=lambda n: _without(n.meta(), "name")),
     Case(
         "stdin-over-8MiB",
@@ -216,7 +231,31 @@ CASES = [
         conf=lambda n: n.meta(readinessindicatorfile="/nonexistent/plexus-ready"),
     ),
     # -- the networks annotation (meta/selection.py) --------------------------------------
-    Case("annotation-malformed-JSON", 6, "networks annotation: invalid JSON", networks="[{bad"),
+    Case(
+        "annotation-malformed-JSON",
+        6,
+        "the networks annotation of pod default/p: invalid JSON",
+        networks="[{bad",
+    ),
+    Case(
+        "annotation-nested-100000-levels",
+        6,
+        "the networks annotation of pod default/p is nested deeper than 64 levels",
+        networks=NESTED,
+    ),
+    Case(
+        "annotation-more-networks-than-maxNetworksPerPod",
+        7,
+        "the networks annotation of pod default/p asks for 33 networks; at most 32 are allowed",
+        networks=",".join(["macvlan-net"] * 33),
+    ),
+    Case(
+        "annotation-10000-networks",
+        7,
+        "asks for 10000 networks; at most 3 are allowed (maxNetworksPerPod)",
+        conf=lambda n: n.meta(maxNetworksPerPod=3),
+        networks=",".join(["macvlan-net"] * 10_000),
+    ),
     Case(
         "annotation-JSON-not-a-list",
         7,
@@ -306,12 +345,6 @@ CASES = [
         ],
     ),
     Case(
-        "ips-without-the-capability",
-        2,
-        "network default/macvlan-net: the pod asks for ips but no plugin",
-        networks=[_macvlan(ips=["10.98.0.9/16"])],
-    ),
-    Case(
         "portMappings-without-the-capability",
         2,
         "the pod asks for portMappings but no plugin",
@@ -322,6 +355,19 @@ CASES = [
         7,
         f"{DEFAULT_NETWORK_ANNOTATION} must name exactly one network",
         annotations={DEFAULT_NETWORK_ANNOTATION: "macvlan-net,macvlan-b"},
+    ),
+    Case(
+        "default-network-annotation-nested-100000-levels",
+        6,
+        f"the {DEFAULT_NETWORK_ANNOTATION} annotation of pod default/p is nested deeper than 64",
+        annotations={DEFAULT_NETWORK_ANNOTATION: NESTED},
+    ),
+    Case(
+        "default-network-annotation-other-namespace-with-namespaceIsolation",
+        7,
+        "pod default/p may not use network other/macvlan-net: namespaceIsolation",
+        conf=lambda n: n.meta(namespaceIsolation=True),
+        annotations={DEFAULT_NETWORK_ANNOTATION: "other/macvlan-net"},
     ),
     # -- NADs (meta/attachments.py) -------------------------------------------------------
     Case(
@@ -340,13 +386,25 @@ CASES = [
     Case(
         "NAD-config-malformed-JSON",
         6,
-        "network-attachment-definition default/bad-json: config is not valid JSON",
+        "network-attachment-definition default/bad-json spec.config: invalid JSON",
         networks="bad-json",
+    ),
+    Case(
+        "NAD-config-nested-100000-levels",
+        6,
+        "network-attachment-definition default/deep-json spec.config is nested deeper than 64",
+        networks="deep-json",
+    ),
+    Case(
+        "NAD-config-name-with-dot-dot",
+        7,
+        "network default/dotdot-name: its config's name '../x' is not a valid CNI network name",
+        networks="dotdot-name",
     ),
     Case(
         "NAD-config-without-type",
         7,
-        "network-attachment-definition default/no-type: config has neither a 'type'",
+        "network-attachment-definition default/no-type spec.config has neither a 'type'",
         networks="no-type",
     ),
     Case(
@@ -397,6 +455,8 @@ def _setup(node: Node, case: Case) -> None:
     node.nad("slash-type", {**macvlan, "type": "../macvlan"})
     node.nad("missing-plugin", {**macvlan, "type": "no-such-plugin"})
     node.nad("bad-json", '{"cniVersion": "1.0.0", "type": "macvlan",')
+    node.nad("deep-json", '{"cniVersion": "1.0.0", "type": "macvlan", "x": ' + NESTED + "}")
+    node.nad("dotdot-name", {**macvlan, "name": "../x"})
     node.nad("no-type", _without(macvlan, "type"))
     node.nad("no-spec", "")
     node.nad("no-plugins", {"cniVersion": "1.0.0", "plugins": []})
@@ -419,7 +479,7 @@ def _run(node: Node, case: Case, netns: str) -> tuple[subprocess.CompletedProces
             env.pop(key, None)
         else:
             env[key] = value
-    stdin = case.raw if case.raw is not None else json.dumps((case.conf or Node.meta)(node))
+    stdin = case.raw(node) if case.raw is not None else json.dumps((case.conf or Node.meta)(node))
     done = subprocess.run(
         ["ip", "netns", "exec", node.name, str(node.bin / "plexus")],
         input=stdin,
@@ -435,7 +495,7 @@ def _config_version(stdin: str) -> str:
     """The cniVersion an error must carry: the config's (CNI spec, "Error"), else the newest."""
     try:
         conf = json.loads(stdin)
-    except ValueError:
+    except (ValueError, RecursionError):
         return CURRENT_VERSION
     version = conf.get("cniVersion") if isinstance(conf, dict) else None
     return version if isinstance(version, str) and version else CURRENT_VERSION
@@ -469,5 +529,25 @@ def test_bad_input_fails_cleanly_with_the_spec_error(node: Node, case: Case) -> 
 
 
 def test_the_table_is_large_and_unique() -> None:
-    assert len(CASES) >= 32
+    assert len(CASES) >= 40
     assert len({case.id for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("name", ["../x", "ABSOLUTE"], ids=["dot-dot", "absolute-path"])
+def test_a_network_named_like_a_path_writes_nothing_outside_host_locals_data_dir(
+    node: Node, name: str
+) -> None:
+    """host-local keeps its leases in `<dataDir>/<network name>`: a name with `..` or an
+    absolute one would put them elsewhere, so it is refused before any plugin runs."""
+    name = str(node.root / "elsewhere") if name == "ABSOLUTE" else name
+    escaped = (node.ipam / name).resolve()
+    node.nad("path-name", node.macvlan_conf(name=name))
+    node.pod(POD, "path-name")
+    netns = node.pod_netns()
+
+    done, _ = _run(node, Case("path-name", 7, ""), netns)
+
+    error = json.loads(done.stdout)
+    assert error["code"] == 7 and "network default/path-name: its config's name" in error["msg"]
+    assert not escaped.exists() and not node.ipam.exists()
+    assert node.links(netns) == ["lo"]

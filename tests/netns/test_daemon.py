@@ -96,7 +96,7 @@ def _raw(daemon: Daemon, payload: bytes) -> tuple[int, dict[str, Any]]:
                 b"{nope",
             ),
             6,
-            "decoding",
+            "network config on stdin: invalid JSON",
         ),
     ],
 )
@@ -263,3 +263,37 @@ def _wait_for(probe: Any, timeout: float = 10.0) -> Any:
             return value
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.1)
+
+
+NESTED = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("where", ["stdin", "annotation", "nad"])
+def test_input_nested_100000_levels_is_code_6_and_the_worker_lives(
+    node: Node, daemon: Daemon, where: str
+) -> None:
+    """Such input once killed the worker thread (RecursionError) and the shim saw no answer."""
+    node.nad("macvlan-net", node.macvlan_conf())
+    node.nad("deep", '{"cniVersion": "1.0.0", "type": "macvlan", "x": ' + NESTED + "}")
+    node.pod("deep", NESTED if where == "annotation" else "deep" if where == "nad" else "")
+    netns = node.pod_netns()
+    stdin = json.dumps(node.meta()).encode()
+    if where == "stdin":
+        stdin = stdin[:-1] + b', "x": ' + NESTED.encode() + b"}"
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": "c-deep",
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": str(node.bin),
+        "CNI_ARGS": "K8S_POD_NAMESPACE=default;K8S_POD_NAME=deep",
+    }
+    exit_code, error = _raw(daemon, protocol.encode_request(env, stdin))
+
+    assert exit_code == 1 and error["code"] == 6, error
+    assert "is nested deeper than 64 levels" in error["msg"]
+    assert node.links(netns) == ["lo"]
+    node.pod("next", "macvlan-net")  # the worker slot came back: the next call is served
+    fine = node.pod_netns()
+    node.ok("ADD", netns=fine, cid="c-next", pod="next")
+    assert node.links(fine) == ["eth0", "lo", "net1"]

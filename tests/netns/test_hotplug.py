@@ -21,9 +21,9 @@ pytestmark = pytest.mark.netns
 CID = "c-hp"
 
 
-def _sync(node: Node) -> bool:
+def _sync(node: Node, **extra: object) -> bool:
     """One hot-plug pass for the pod's container, in the node namespace as the daemon runs."""
-    conf = load_meta_config(json.dumps(node.meta()).encode())
+    conf = load_meta_config(json.dumps(node.meta(**extra)).encode())
     engine = MetaPlugin(configure_logging=False).engine_for(conf, [str(node.bin)])
     return run_in_netns(f"/run/netns/{node.name}", lambda: engine.sync(CID))
 
@@ -116,6 +116,25 @@ def test_refusals_are_events_not_changes(node: Node, running: str) -> None:
         "cannot hot-plug default/net-a (net2, macvlan): interface net2 is taken"
     )
     assert node.links(netns) == ["eth0", "lo", "net2"]
+
+
+def test_isolation_and_the_network_limit_hold_for_hot_plug(node: Node, running: str) -> None:
+    node.nad("net-x", node.macvlan_conf("10.96.0.0/16"), namespace="other")
+    node.pod("hp", "net-a,other/net-x")
+    assert _sync(node, namespaceIsolation=True) is False
+    assert _events(node, "HotplugFailed")[-1] == (
+        "pod default/hp may not use network other/net-x: namespaceIsolation allows only its "
+        "own namespace and globalNamespaces (default)"
+    )
+    node.pod("hp", "net-a,net-b,net-b")
+    assert _sync(node, maxNetworksPerPod=2) is False
+    assert _events(node, "HotplugFailed")[-1] == (
+        "the networks annotation of pod default/hp asks for 3 networks; at most 2 are allowed "
+        "(maxNetworksPerPod)"
+    )
+    assert node.links(running) == ["eth0", "lo", "net1"]
+    record = RecordStore(node.cni_dir).load(CID)
+    assert record is not None and [d.ifname for d in record.delegates] == ["eth0", "net1"]
 
 
 def test_nothing_to_sync_without_a_record_or_namespace(node: Node, running: str) -> None:

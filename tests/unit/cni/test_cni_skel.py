@@ -174,3 +174,18 @@ def test_run_version_needs_no_env() -> None:
     code, out = run_plugin(TinyPlugin(), {"CNI_COMMAND": "VERSION"}, b"")
     assert code == 0
     assert json.loads(out)["cniVersion"] == "1.1.0"
+
+
+@pytest.mark.parametrize("depth", [65, 100_000])
+def test_run_refuses_deep_nesting_with_code_6_and_no_traceback(
+    depth: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nested = "[" * depth + "]" * depth
+    stdin = f'{{"cniVersion":"1.0.0","name":"n","type":"tiny","x":{nested}}}'.encode()
+    plugin = TinyPlugin()
+    code, out = run_plugin(plugin, env("ADD"), stdin)
+    assert code == 1 and plugin.calls == []
+    error = json.loads(out)
+    assert (error["code"], error["cniVersion"]) == (6, "1.1.0")
+    assert error["msg"] == "network config on stdin is nested deeper than 64 levels"
+    assert "Traceback" not in capsys.readouterr().err

@@ -45,6 +45,15 @@ def test_multus_keys_and_defaults() -> None:
     assert conf.namespace_allowed("apps", "infra") and not conf.namespace_allowed("apps", "other")
 
 
+@pytest.mark.parametrize("value", [None, "", " , ", []])
+def test_global_namespaces_unset_or_empty_mean_default_as_in_multus(
+    value: str | list[str] | None,
+) -> None:
+    conf = load_meta_config(_conf() if value is None else _conf(globalNamespaces=value))
+    assert conf.global_namespaces == ["default"]
+    assert conf.max_networks_per_pod == 32
+
+
 _DELEGATES = [{"type": "bridge", "name": "b"}, {"type": "macvlan", "name": "m"}]
 
 # Every key the meta config accepts, set to a value that is not its default, and the
@@ -62,8 +71,9 @@ EVERY_KEY: list[tuple[str, Any, str, Any]] = [
     ("systemNamespaces", ["ops"], "system_namespaces", ["ops"]),
     ("multusNamespace", "plexus-system", "multus_namespace", "plexus-system"),
     ("namespaceIsolation", True, "namespace_isolation", True),
-    ("globalNamespaces", "default,infra", "global_namespaces", ["default", "infra"]),
-    ("globalNamespaces", ["default", "infra"], "global_namespaces", ["default", "infra"]),
+    ("globalNamespaces", "infra,ops", "global_namespaces", ["infra", "ops"]),
+    ("globalNamespaces", ["infra", "default"], "global_namespaces", ["infra", "default"]),
+    ("maxNetworksPerPod", 4, "max_networks_per_pod", 4),
     ("confDir", "/etc/plexus/net.d", "conf_dir", "/etc/plexus/net.d"),
     ("cniDir", "/var/lib/plexus-test", "cni_dir", "/var/lib/plexus-test"),
     ("binDir", "/opt/plexus/bin", "bin_dir", "/opt/plexus/bin"),
@@ -194,7 +204,14 @@ def test_unknown_keys_are_kept_for_gc() -> None:
 @pytest.mark.parametrize(
     ("data", "code", "words"),
     [
-        (b"{nope", ErrorCode.DECODE_FAILURE, "cannot decode"),
+        (b"{nope", ErrorCode.DECODE_FAILURE, "the plexus config: invalid JSON"),
+        pytest.param(
+            b"[" * 100_000 + b"]" * 100_000,
+            ErrorCode.DECODE_FAILURE,
+            "the plexus config is nested deeper",
+            id="nested-100000-levels",
+        ),
+        (_conf(maxNetworksPerPod=0), ErrorCode.INVALID_CONFIG, "maxNetworksPerPod"),
         (b"[]", ErrorCode.DECODE_FAILURE, "JSON object"),
         (_conf(delegates=[]), ErrorCode.INVALID_CONFIG, "clusterNetwork"),
         (_conf(logLevel="loud"), ErrorCode.INVALID_CONFIG, "logLevel"),
