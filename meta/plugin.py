@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from cni import logs
+from cni import callscope, logs
 from cni.env import CmdArgs
 from cni.invoke import Executor
 from cni.logs import StepLogger
@@ -68,6 +68,7 @@ class MetaPlugin:
 
     def engine_for(self, conf: MetaConfig, cni_path: Sequence[str]) -> Engine:
         """The engine for `conf`, finding plugins in bin_dir then `cni_path`."""
+        callscope.current().timeout = conf.delegate_timeout
         source = self.source if self.source is not None else source_for(conf)
         paths = ([conf.bin_dir] if conf.bin_dir else []) + list(cni_path)
         executor = self.executor
@@ -82,24 +83,31 @@ class MetaPlugin:
         return Engine(conf, source, runtime, Node(conf, self.locks), devices)
 
     def add(self, args: CmdArgs) -> Result:
-        with _summary("add", args):
+        with _call("add", args):
             return self.engine(args).add(args)
 
     def delete(self, args: CmdArgs) -> None:
-        with _summary("del", args):
+        with _call("del", args):
             self.engine(args).delete(args)
 
     def check(self, args: CmdArgs) -> None:
-        with _summary("check", args):
+        with _call("check", args):
             self.engine(args).check(args)
 
     def status(self, args: CmdArgs) -> None:
-        with _summary("status", args):
+        with _call("status", args):
             self.engine(args).status(args)
 
     def gc(self, args: CmdArgs) -> None:
-        with _summary("gc", args):
+        with _call("gc", args):
             self.engine(args).gc(args)
+
+
+@contextmanager
+def _call(verb: str, args: CmdArgs) -> Iterator[None]:
+    """One call: its cni.callscope (exec timeouts, cancellation) and its summary line."""
+    with callscope.call_scope(), _summary(verb, args):
+        yield
 
 
 @contextmanager
