@@ -8,6 +8,7 @@ groups, and refuses the ones started later. DEL and GC still run: they are the r
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import os
 import signal
@@ -35,7 +36,7 @@ class CallScope:
                 kill_group(proc)
 
     def check(self, plugin_type: str, command: str) -> None:
-        """Raise, as a failure of that plugin, if the call is cancelled and `command` is no rollback."""
+        """Raise, as that plugin's failure, if the call is cancelled (rollback verbs excepted)."""
         if self.cancelled and command not in _ROLLBACK_VERBS:
             raise CNIError(
                 ErrorCode.TRY_AGAIN_LATER, f"plugin {plugin_type} cancelled: {self.cancelled}"
@@ -86,7 +87,5 @@ def current() -> CallScope:
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL `proc`'s process group (it leads one) unless it was already reaped."""
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

@@ -104,8 +104,12 @@ class SocketServer:
                     self._answer_bad_request(conn, exc)
                     return
                 conn.settimeout(None)
-                with self._slots:
+                with self.metrics.queued.track_inprogress():
+                    self._slots.acquire()
+                try:
                     code, out, verb = self._call(conn, request)
+                finally:
+                    self._slots.release()
                 try:
                     conn.sendall(protocol.encode_response(code, out))
                 except OSError as exc:
@@ -152,10 +156,15 @@ class _Deadline:
 
     def recv(self, size: int) -> bytes:
         left = self._end - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"the request did not arrive whole within {self._seconds:g} s")
-        self._sock.settimeout(left)
-        return self._sock.recv(size)
+        try:
+            if left <= 0:
+                raise TimeoutError
+            self._sock.settimeout(left)
+            return self._sock.recv(size)
+        except TimeoutError:
+            raise TimeoutError(
+                f"the request did not arrive whole within {self._seconds:g} s"
+            ) from None
 
 
 class HangupWatch:
