@@ -86,7 +86,12 @@ class Daemon:
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
-            self.proc.wait(timeout=60)
+            try:
+                self.proc.wait(timeout=60)
+            finally:
+                if self.proc.poll() is None:  # stuck: do not leave it behind
+                    self.proc.kill()
+                    self.proc.wait()
         self.proc = None
 
     def threads(self) -> int:

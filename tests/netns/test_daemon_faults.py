@@ -63,6 +63,11 @@ class Gate:
     def open(self) -> None:
         self.gate.touch()
 
+    def kill(self) -> None:
+        """End a gated plugin still waiting (one that outlived what should have ended it)."""
+        if self.pidfile.exists() and not _gone(pid := int(self.pidfile.read_text())):
+            os.kill(pid, signal.SIGKILL)
+
 
 @pytest.fixture
 def gate(node: Node) -> Iterator[Gate]:
@@ -70,7 +75,7 @@ def gate(node: Node) -> Iterator[Gate]:
     try:
         yield g
     finally:
-        g.open()  # a gated plugin that is still alive finishes and exits
+        g.kill()
 
 
 def _gone(pid: int) -> bool:
@@ -176,7 +181,8 @@ def _raw_add(node: Node, netns: str, cid: str, pod: str) -> socket.socket:
         "CNI_NETNS": netns,
         "CNI_IFNAME": "eth0",
         "CNI_PATH": str(node.bin),
-        "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}",
+        "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};"
+        f"K8S_POD_UID=uid-{pod}",
     }
     node.added.append({"netns": netns, "cid": cid, "pod": pod})
     sock = socket.socket(socket.AF_UNIX)
