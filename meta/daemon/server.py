@@ -219,7 +219,8 @@ def own_socket_dir(path: Path) -> None:
     """Create socketDir, or take it over: a real directory, root's, mode 0700.
 
     Anyone else who could write there could swap in a socket of their own and answer
-    the runtime's calls; a symlink could point the socket anywhere.
+    the runtime's calls; a symlink could point the socket anywhere. A directory holding
+    anything but our socket is refused rather than locked up (socketDir set to /run).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
@@ -233,6 +234,12 @@ def own_socket_dir(path: Path) -> None:
             str(exc),
         ) from exc
     try:
+        if others := sorted(set(os.listdir(fd)) - {protocol.SOCKET_NAME}):
+            raise CNIError(
+                ErrorCode.INVALID_CONFIG,
+                f"socketDir {path} holds other files ({', '.join(others[:5])}): "
+                "it must be a directory of its own",
+            )
         os.fchown(fd, 0, 0)
         os.fchmod(fd, 0o700)
     except OSError as exc:

@@ -38,6 +38,16 @@ def sh(*cmd: str, netns: str = "", check: bool = True) -> subprocess.CompletedPr
     return subprocess.run(full, check=check, capture_output=True, text=True)
 
 
+def finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
+    """Its stdout and stderr once it exits; killed if it has not within `timeout`."""
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 class Node:
     """A throwaway node: the netns the plugin runs in, plus pod namespaces."""
 
@@ -217,12 +227,7 @@ class Node:
     def cni(self, verb: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         """Exec the installed plexus binary as a runtime would, inside the node netns."""
         proc = self.spawn(verb, **kwargs)
-        try:
-            stdout, stderr = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        stdout, stderr = finish(proc)
         return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
     def spawn(

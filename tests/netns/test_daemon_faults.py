@@ -19,7 +19,7 @@ import pytest
 
 from delegates.netns import run_in_netns
 from meta.daemon import protocol
-from tests.netns.conftest import Node
+from tests.netns.conftest import Node, finish
 from tests.netns.daemon import Daemon, running, wait_for
 
 NOBODY = 65534
@@ -105,12 +105,17 @@ def test_a_killed_daemon_takes_its_delegates_along(node: Node, gate: Gate) -> No
         assert node.reserved_ips() == []
 
 
-def test_a_killed_shim_cancels_its_call_and_frees_the_worker(node: Node, gate: Gate) -> None:
+def _gated_and_plain(node: Node) -> tuple[str, str]:
+    """Pod a on gated-net and pod b on a plain macvlan network: their netns."""
     node.pod("a", "gated-net")
-    netns = node.pod_netns()
+    gated = node.pod_netns()
     node.nad("macvlan-net", node.macvlan_conf())
     node.pod("b", "macvlan-net")
-    other = node.pod_netns()
+    return gated, node.pod_netns()
+
+
+def test_a_killed_shim_cancels_its_call_and_frees_the_worker(node: Node, gate: Gate) -> None:
+    netns, other = _gated_and_plain(node)
     with running(node, maxConcurrentRequests=1):
         shim = node.spawn("ADD", netns=netns, cid="c-a", pod="a")
         plugin = gate.pid()
@@ -193,15 +198,11 @@ def _raw_add(node: Node, netns: str, cid: str, pod: str) -> socket.socket:
 
 
 def test_sigterm_serves_the_calls_queued_behind_the_busy_workers(node: Node, gate: Gate) -> None:
-    node.pod("a", "gated-net")
-    first_ns = node.pod_netns()
-    node.nad("macvlan-net", node.macvlan_conf())
-    node.pod("q", "macvlan-net")
-    queued_ns = node.pod_netns()
+    first_ns, queued_ns = _gated_and_plain(node)
     with running(node, maxConcurrentRequests=1) as daemon, ThreadPoolExecutor(1) as pool:
         first = pool.submit(node.cni, "ADD", netns=first_ns, cid="c-a", pod="a")
         gate.pid()
-        with _raw_add(node, queued_ns, "c-q", "q") as queued:
+        with _raw_add(node, queued_ns, "c-b", "b") as queued:
             wait_for(lambda: daemon.metric("plexus_requests_queued") == 1)
             assert daemon.proc is not None
             daemon.proc.send_signal(signal.SIGTERM)
@@ -210,7 +211,7 @@ def test_sigterm_serves_the_calls_queued_behind_the_busy_workers(node: Node, gat
         assert code == 0, out
         assert first.result(timeout=60).returncode == 0
         assert daemon.proc.wait(timeout=60) == 0
-        assert len(node.network_status("q")) == 2
+        assert len(node.network_status("b")) == 2
         daemon.start()  # for the DELs on the way out
 
 
@@ -224,21 +225,29 @@ def test_the_daemon_takes_over_a_socket_dir_of_another_user(node: Node) -> None:
         assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, 0, 0o700)
 
 
-def test_the_daemon_refuses_a_symlinked_socket_dir(node: Node) -> None:
-    elsewhere = node.root / "elsewhere"
-    elsewhere.mkdir()
-    (node.root / "run").symlink_to(elsewhere)
-    daemon = Daemon(node)
-    proc = subprocess.Popen(daemon.command(), stderr=subprocess.PIPE, text=True)
-    try:
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+@pytest.mark.parametrize(
+    ("layout", "words"),
+    [
+        ("symlink", "is not a directory (a symlink is refused)"),
+        ("shared", "holds other files (notes.txt): it must be a directory of its own"),
+    ],
+)
+def test_the_daemon_refuses_a_socket_dir_it_must_not_take_over(
+    node: Node, layout: str, words: str
+) -> None:
+    run, elsewhere = node.root / "run", node.root / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    if layout == "symlink":
+        run.symlink_to(elsewhere)
+    else:
+        run.mkdir(mode=0o755)
+        (run / "notes.txt").write_text("not the daemon's\n")
+    proc = subprocess.Popen(Daemon(node).command(), stderr=subprocess.PIPE, text=True)
+    _, stderr = finish(proc)
     assert proc.returncode != 0
-    assert f"socketDir {node.root / 'run'} is not a directory (a symlink is refused)" in stderr
+    assert f"socketDir {run} {words}" in stderr
     assert list(elsewhere.iterdir()) == []
+    assert run.lstat().st_mode & 0o777 == (0o777 if layout == "symlink" else 0o755)
 
 
 @pytest.mark.parametrize("squatted", ["directory", "socket"])
