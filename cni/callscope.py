@@ -25,6 +25,9 @@ _ROLLBACK_VERBS = frozenset({"DEL", "GC"})
 class CallScope:
     def __init__(self) -> None:
         self.timeout: float | None = None
+        self.wrapper = ""
+        """The Plexus shim, if installed: `wrapper --exec-delegate PID PLUGIN` execs the
+        plugin so that it dies with the thread that forked it (meta/shim/shim.c)."""
         self.cancelled = ""
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen[bytes]] = set()
@@ -34,6 +37,14 @@ class CallScope:
             self.cancelled = reason
             for proc in self._running:
                 kill_group(proc)
+
+    def argv(self, binary: str) -> list[str]:
+        """How to exec `binary`: through the wrapper when there is one."""
+        return (
+            [self.wrapper, "--exec-delegate", str(os.getpid()), binary]
+            if self.wrapper
+            else [binary]
+        )
 
     def check(self, plugin_type: str, command: str) -> None:
         """Raise, as that plugin's failure, if the call is cancelled (rollback verbs excepted)."""

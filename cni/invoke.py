@@ -6,7 +6,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -79,9 +78,8 @@ class ExecExecutor:
         return stdout
 
 
-_SETPRIV = shutil.which("setpriv")
 _EXEC_FAILED = 126
-"""The exit status of setpriv when it cannot exec the plugin."""
+"""The exit status of the wrapper when it cannot exec the plugin."""
 _BUSY = os.strerror(errno.ETXTBSY)
 
 
@@ -90,15 +88,14 @@ def _exec(
 ) -> tuple[int, bytes, str]:
     """Run the plugin once: exit status, stdout, stderr.
 
-    `setpriv --pdeathsig KILL` (util-linux) makes the plugin die with the thread that
-    forks it, the call's worker, so a killed daemon leaves no delegate to finish an ADD
-    behind the runtime's DEL. Its own process group lets a timeout or a cancelled call
-    kill whatever the plugin spawned too.
+    Through the call's wrapper (callscope.CallScope.wrapper), so that a killed daemon
+    leaves no delegate to finish an ADD behind the runtime's DEL; in its own process
+    group, so that a timeout or a cancelled call kills whatever the plugin spawned too.
     """
-    wrapper = [_SETPRIV, "--pdeathsig", "KILL", "--"] if _SETPRIV else []
+    scope = callscope.current()
     try:
         proc = subprocess.Popen(
-            [*wrapper, binary],
+            scope.argv(binary),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -109,7 +106,7 @@ def _exec(
         if err.errno == errno.ETXTBSY:
             return _EXEC_FAILED, b"", _BUSY
         raise CNIError(ErrorCode.IO_FAILURE, f"cannot exec plugin {binary}", str(err)) from None
-    with callscope.current().running(proc, env.get("CNI_COMMAND", "")):
+    with scope.running(proc, env.get("CNI_COMMAND", "")):
         try:
             stdout, stderr = proc.communicate(stdin, timeout=timeout)
         except subprocess.TimeoutExpired:

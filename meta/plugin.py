@@ -8,13 +8,15 @@ from contextlib import contextmanager
 
 from cni import callscope, logs
 from cni.env import CmdArgs
-from cni.invoke import Executor
+from cni.errors import CNIError
+from cni.invoke import Executor, find_plugin
 from cni.logs import StepLogger
 from cni.result import Result
 from cni.runtime import CNIRuntime
 from meta.config import MetaConfig, load_meta_config
 from meta.devices import DeviceSource
 from meta.engine import Engine
+from meta.install import SHIM_NAME
 from meta.locks import ContainerLocks
 from meta.node import Node
 from meta.podresources.client import PodResourcesClient
@@ -68,9 +70,11 @@ class MetaPlugin:
 
     def engine_for(self, conf: MetaConfig, cni_path: Sequence[str]) -> Engine:
         """The engine for `conf`, finding plugins in bin_dir then `cni_path`."""
-        callscope.current().timeout = conf.delegate_timeout
         source = self.source if self.source is not None else source_for(conf)
         paths = ([conf.bin_dir] if conf.bin_dir else []) + list(cni_path)
+        scope = callscope.current()
+        scope.timeout = conf.delegate_timeout
+        scope.wrapper = _installed_shim(paths)
         executor = self.executor
         if executor is None:
             from delegates.builtin import BuiltinExecutor
@@ -101,6 +105,14 @@ class MetaPlugin:
     def gc(self, args: CmdArgs) -> None:
         with _call("gc", args):
             self.engine(args).gc(args)
+
+
+def _installed_shim(paths: Sequence[str]) -> str:
+    """The shim among the plugins, which execs delegates so they die with us; "" if none."""
+    try:
+        return find_plugin(SHIM_NAME, paths)
+    except CNIError:
+        return ""
 
 
 @contextmanager

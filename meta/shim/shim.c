@@ -9,6 +9,9 @@
  * without one it waits up to daemonWaitSeconds for the daemon to come back, then
  * fails with "try again later". It talks only to a root-owned socket in a root-owned
  * directory nobody else can write. Wire format: meta/daemon/protocol.py.
+ *
+ * `plexus --exec-delegate PID BINARY` is how Plexus execs a delegate plugin: see
+ * exec_delegate().
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -18,7 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -241,7 +246,23 @@ static int connect_daemon(const struct sockaddr_un *addr, const char *dir, doubl
     return -1;
 }
 
-int main(void) {
+/* Exec BINARY so that it gets SIGKILL when the thread that forked us (a daemon worker)
+ * dies, even by SIGKILL: a delegate must not finish an ADD behind the runtime's DEL.
+ * If that parent died before prctl() took effect, getppid() is no longer PID. */
+static int exec_delegate(const char *parent, const char *binary) {
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
+        fprintf(stderr, "plexus: prctl(PR_SET_PDEATHSIG): %s\n", strerror(errno));
+        return 126;
+    }
+    if (getppid() != (pid_t)strtol(parent, NULL, 10)) return 126;
+    char *argv[] = {(char *)binary, NULL};
+    execv(binary, argv);
+    fprintf(stderr, "plexus: cannot exec %s: %s\n", binary, strerror(errno));
+    return 126;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "--exec-delegate") == 0) return exec_delegate(argv[2], argv[3]);
     size_t in_len;
     char *input = read_stdin(&in_len);
     use_config_version(input, in_len);

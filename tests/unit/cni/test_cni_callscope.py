@@ -17,6 +17,7 @@ from cni import callscope
 from cni.env import cni_env
 from cni.errors import CNIError, ErrorCode
 from cni.invoke import ExecExecutor
+from meta.install import SHIM_NAME, install_binaries
 
 PluginMaker = Callable[[str, str], Path]
 REPO = Path(__file__).resolve().parents[3]
@@ -103,14 +104,18 @@ def test_a_cancelled_call_kills_its_add_refuses_more_and_still_rolls_back(
     _wait_gone(pids)
 
 
-def test_a_plugin_dies_with_the_process_that_execd_it(
+def test_a_plugin_execd_through_the_shim_dies_with_the_process_that_execd_it(
     make_plugin: PluginMaker, bin_dir: Path, tmp_path: Path
 ) -> None:
     _sleeper(make_plugin, tmp_path / "pids")
+    (shim,) = [p for p in install_binaries(tmp_path / "installed") if p.name == SHIM_NAME]
     runner = (
-        "from cni.env import cni_env\nfrom cni.invoke import ExecExecutor\n"
+        "from cni import callscope\nfrom cni.env import cni_env\n"
+        "from cni.invoke import ExecExecutor\n"
         f"env = cni_env('ADD', 'cid', '/x', 'eth0', (), [{str(bin_dir)!r}])\n"
-        "ExecExecutor().run('sleeper', b'{}', env)\n"
+        "with callscope.call_scope() as scope:\n"
+        f"    scope.wrapper = {str(shim)!r}\n"
+        "    ExecExecutor().run('sleeper', b'{}', env)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", runner], cwd=REPO)
     try:
