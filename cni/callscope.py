@@ -23,6 +23,8 @@ _ROLLBACK_VERBS = frozenset({"DEL", "GC"})
 
 
 class CallScope:
+    """One call's bounds, shared by every plugin it execs (on the call's thread)."""
+
     def __init__(self) -> None:
         self.timeout: float | None = None
         self.wrapper = ""
