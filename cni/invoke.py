@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from cni import callscope
 from cni.env import ENV_VARS, cni_env
 from cni.errors import CNIError, ErrorCode
 from cni.version import CURRENT_VERSION
@@ -58,35 +59,65 @@ class ExecExecutor:
         binary = find_plugin(plugin_type, paths)
         # Drop any CNI_* we were called with so a stale value cannot reach the plugin.
         full_env = {k: v for k, v in os.environ.items() if k not in ENV_VARS} | dict(env)
-        proc = self._exec(binary, stdin, full_env)
-        stderr = proc.stderr.decode(errors="replace").strip()
-        if stderr:
-            log.info("plugin stderr: %s", stderr, extra={"plugin": plugin_type})
-        if proc.returncode != 0:
-            raise _plugin_error(proc.returncode, proc.stdout, stderr)
-        return proc.stdout
-
-    def _exec(
-        self, binary: str, stdin: bytes, env: dict[str, str]
-    ) -> subprocess.CompletedProcess[bytes]:
+        command = env.get("CNI_COMMAND", "")
+        scope = callscope.current()
+        scope.check(plugin_type, command)
+        timeout = self.timeout if self.timeout is not None else scope.timeout
         attempt = 0
         while True:
-            try:
-                return subprocess.run(
-                    [binary], input=stdin, capture_output=True, env=env, timeout=self.timeout
-                )
-            except subprocess.TimeoutExpired:
-                raise CNIError(
-                    ErrorCode.IO_FAILURE,
-                    f"plugin {binary} timed out after {self.timeout}s and was killed",
-                ) from None
-            except OSError as err:
-                if err.errno != errno.ETXTBSY or attempt == _BUSY_RETRIES:
-                    raise CNIError(
-                        ErrorCode.IO_FAILURE, f"cannot exec plugin {binary}", str(err)
-                    ) from None
+            returncode, stdout, stderr = _exec(plugin_type, binary, stdin, full_env, timeout)
+            if not (returncode == _EXEC_FAILED and _BUSY in stderr) or attempt == _BUSY_RETRIES:
+                break
             attempt += 1
             time.sleep(1)
+        if stderr:
+            log.info("plugin stderr: %s", stderr, extra={"plugin": plugin_type})
+        scope.check(plugin_type, command)
+        if returncode != 0:
+            raise _plugin_error(returncode, stdout, stderr)
+        return stdout
+
+
+_EXEC_FAILED = 126
+"""The exit status of the wrapper when it cannot exec the plugin."""
+_BUSY = os.strerror(errno.ETXTBSY)
+
+
+def _exec(
+    plugin_type: str, binary: str, stdin: bytes, env: dict[str, str], timeout: float | None
+) -> tuple[int, bytes, str]:
+    """Run the plugin once: exit status, stdout, stderr.
+
+    Through the call's wrapper (callscope.CallScope.wrapper), so that a killed daemon
+    leaves no delegate to finish an ADD behind the runtime's DEL; in its own process
+    group, so that a timeout or a cancelled call kills whatever the plugin spawned too.
+    """
+    scope = callscope.current()
+    try:
+        proc = subprocess.Popen(
+            scope.argv(binary),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            process_group=0,
+        )
+    except OSError as err:
+        if err.errno == errno.ETXTBSY:
+            return _EXEC_FAILED, b"", _BUSY
+        raise CNIError(ErrorCode.IO_FAILURE, f"cannot exec plugin {binary}", str(err)) from None
+    with scope.running(proc, env.get("CNI_COMMAND", "")):
+        try:
+            stdout, stderr = proc.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            callscope.kill_group(proc)
+            proc.communicate()
+            raise CNIError(
+                ErrorCode.IO_FAILURE,
+                f"plugin {plugin_type} timed out after {timeout:g} s and was killed",
+                "raise delegateTimeoutSeconds if the plugin is slow but healthy",
+            ) from None
+    return proc.returncode, stdout, stderr.decode(errors="replace").strip()
 
 
 def _plugin_error(returncode: int, stdout: bytes, stderr: str) -> CNIError:

@@ -78,6 +78,8 @@ class MetaConfig(BaseModel):
     log_level: str = Field("info", alias="logLevel")
     log_to_stderr: bool = Field(True, alias="logToStderr")
     retry_delete_on_error: bool = Field(False, alias="retryDeleteOnError")
+    delegate_timeout: float = Field(30.0, alias="delegateTimeoutSeconds", gt=0, le=600)
+    daemon_wait: float = Field(10.0, alias="daemonWaitSeconds", ge=0, le=600)
     kubeconfig: str = ""
     cluster_dir: str = Field("", alias="clusterDir")
     device_info_dir: str = Field(deviceinfo.DEFAULT_DIR, alias="deviceInfoDir")

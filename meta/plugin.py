@@ -6,15 +6,17 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from cni import logs
+from cni import callscope, logs
 from cni.env import CmdArgs
-from cni.invoke import Executor
+from cni.errors import CNIError
+from cni.invoke import Executor, find_plugin
 from cni.logs import StepLogger
 from cni.result import Result
 from cni.runtime import CNIRuntime
 from meta.config import MetaConfig, load_meta_config
 from meta.devices import DeviceSource
 from meta.engine import Engine
+from meta.install import SHIM_NAME
 from meta.locks import ContainerLocks
 from meta.node import Node
 from meta.podresources.client import PodResourcesClient
@@ -70,6 +72,9 @@ class MetaPlugin:
         """The engine for `conf`, finding plugins in bin_dir then `cni_path`."""
         source = self.source if self.source is not None else source_for(conf)
         paths = ([conf.bin_dir] if conf.bin_dir else []) + list(cni_path)
+        scope = callscope.current()
+        scope.timeout = conf.delegate_timeout
+        scope.wrapper = _installed_shim(paths)
         executor = self.executor
         if executor is None:
             from delegates.builtin import BuiltinExecutor
@@ -82,24 +87,39 @@ class MetaPlugin:
         return Engine(conf, source, runtime, Node(conf, self.locks), devices)
 
     def add(self, args: CmdArgs) -> Result:
-        with _summary("add", args):
+        with _call("add", args):
             return self.engine(args).add(args)
 
     def delete(self, args: CmdArgs) -> None:
-        with _summary("del", args):
+        with _call("del", args):
             self.engine(args).delete(args)
 
     def check(self, args: CmdArgs) -> None:
-        with _summary("check", args):
+        with _call("check", args):
             self.engine(args).check(args)
 
     def status(self, args: CmdArgs) -> None:
-        with _summary("status", args):
+        with _call("status", args):
             self.engine(args).status(args)
 
     def gc(self, args: CmdArgs) -> None:
-        with _summary("gc", args):
+        with _call("gc", args):
             self.engine(args).gc(args)
+
+
+def _installed_shim(paths: Sequence[str]) -> str:
+    """The shim among the plugins, which execs delegates so they die with us; "" if none."""
+    try:
+        return find_plugin(SHIM_NAME, paths)
+    except CNIError:
+        return ""
+
+
+@contextmanager
+def _call(verb: str, args: CmdArgs) -> Iterator[None]:
+    """One call: its cni.callscope (exec timeouts, cancellation) and its summary line."""
+    with callscope.call_scope(), _summary(verb, args):
+        yield
 
 
 @contextmanager

@@ -13,6 +13,7 @@ import queue
 import threading
 from collections.abc import Callable
 
+from cni import callscope
 from cni.errors import CNIError
 from meta.config import MetaConfig
 from meta.plugin import MetaPlugin
@@ -59,7 +60,8 @@ class HotplugWorker:
         """Sync every container of the pod on this node."""
         for record in RecordStore(self.conf.cni_dir).all():
             if (record.pod_namespace or "default", record.pod_name) == (namespace, name):
-                self.plugin.engine_for(self.conf, record.path).sync(record.container_id)
+                with callscope.call_scope():  # its plugin execs get delegateTimeoutSeconds
+                    self.plugin.engine_for(self.conf, record.path).sync(record.container_id)
 
 
 class StorePoller:

@@ -1,44 +1,82 @@
-"""/healthz, /readyz and /metrics over HTTP."""
+"""/healthz, /readyz and /metrics over HTTP.
+
+One asyncio loop on one thread serves every connection, so idle clients cost a few
+KiB each, not a thread; a request must arrive whole within REQUEST_DEADLINE, and at
+most MAX_CONNECTIONS are open at once (more are closed at once).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from meta.daemon.metrics import Metrics
 
+REQUEST_DEADLINE = 5.0
+MAX_CONNECTIONS = 256
+MAX_REQUEST_HEAD = 8192
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 503: "Service Unavailable"}
 
-def start_http(
-    address: str, port: int, metrics: Metrics, ready: Callable[[], bool]
-) -> ThreadingHTTPServer:
-    """Serve the endpoints on a background thread; returns the server (for shutdown)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path == "/healthz":
-                self._reply(200, b"ok\n", "text/plain")
-            elif self.path == "/readyz":
-                ok = ready()
-                self._reply(200 if ok else 503, b"ok\n" if ok else b"not ready\n", "text/plain")
-            elif self.path == "/metrics":
-                self._reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
-            else:
-                self._reply(404, b"not found\n", "text/plain")
+class HealthServer:
+    """Serves the endpoints on a background thread until shutdown()."""
 
-        def _reply(self, status: int, body: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def __init__(
+        self, address: str, port: int, metrics: Metrics, ready: Callable[[], bool]
+    ) -> None:
+        self.metrics = metrics
+        self.ready = ready
+        self._open = 0
+        self._loop = asyncio.new_event_loop()
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._serve, address, port, limit=MAX_REQUEST_HEAD)
+        )
+        self._thread = threading.Thread(target=self._loop.run_forever, name="http", daemon=True)
+        self._thread.start()
 
-        def log_message(self, format: str, *args: object) -> None:
-            pass  # probes every few seconds would drown the call logs
+    def shutdown(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._server.close()
+        self._loop.close()
 
-    server = ThreadingHTTPServer((address, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
-    return server
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._open += 1
+        try:
+            if self._open <= MAX_CONNECTIONS:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_DEADLINE)
+                writer.write(self._answer(head))
+                await asyncio.wait_for(writer.drain(), REQUEST_DEADLINE)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass  # the client went away, was too slow, or sent too much: just close
+        finally:
+            self._open -= 1
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    def _answer(self, head: bytes) -> bytes:
+        method, _, rest = head.partition(b" ")
+        path = rest.split(b" ", 1)[0].decode(errors="replace")
+        content_type = "text/plain"
+        if method != b"GET":
+            status, body = 400, b"only GET\n"
+        elif path == "/healthz":
+            status, body = 200, b"ok\n"
+        elif path == "/readyz":
+            ok = self.ready()
+            status, body = (200, b"ok\n") if ok else (503, b"not ready\n")
+        elif path == "/metrics":
+            status, body = 200, generate_latest(self.metrics.registry)
+            content_type = CONTENT_TYPE_LATEST
+        else:
+            status, body = 404, b"not found\n"
+        header = (
+            f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        return header.encode() + body

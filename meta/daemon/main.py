@@ -6,13 +6,12 @@ import logging
 import signal
 import threading
 import time
-from http.server import ThreadingHTTPServer
 
 from cni import logs
 from meta.daemon.cniconfig import ConfigWriter
 from meta.daemon.config import load_daemon_config
 from meta.daemon.hotplug import HotplugWorker, StorePoller
-from meta.daemon.http import start_http
+from meta.daemon.http import HealthServer
 from meta.daemon.metrics import Metrics
 from meta.daemon.server import SocketServer
 from meta.plugin import MetaPlugin, source_for
@@ -43,9 +42,9 @@ def run_daemon(config_path: str, node_name: str) -> int:
     server = SocketServer(conf.socket_dir, plugin, metrics, conf.max_concurrent_requests)
     server.bind()
     ready = threading.Event()
-    http: ThreadingHTTPServer | None = None
+    http: HealthServer | None = None
     if conf.metrics_port:
-        http = start_http(conf.metrics_bind_address, conf.metrics_port, metrics, ready.is_set)
+        http = HealthServer(conf.metrics_bind_address, conf.metrics_port, metrics, ready.is_set)
     serving = threading.Thread(target=server.serve_forever, name="socket", daemon=True)
     serving.start()
     writer = ConfigWriter(conf) if conf.cni_conf_dir else None

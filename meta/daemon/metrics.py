@@ -30,6 +30,11 @@ class Metrics:
         self.in_flight = Gauge(
             "plexus_requests_in_flight", "CNI requests being served", registry=self.registry
         )
+        self.queued = Gauge(
+            "plexus_requests_queued",
+            "CNI requests read and waiting for a worker slot",
+            registry=self.registry,
+        )
         self.delegate_latency = Histogram(
             "plexus_delegate_seconds",
             "Delegate call latency by verb, network and plugin",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import struct
 from dataclasses import dataclass
+from typing import Protocol
 
 from cni.errors import CNIError, ErrorCode
 
@@ -20,13 +21,19 @@ MAX_STDIN = 8 * 1024 * 1024
 _U32 = struct.Struct(">I")
 
 
+class Receiver(Protocol):
+    """What requests are read from: a socket, or one under a deadline."""
+
+    def recv(self, size: int, /) -> bytes: ...
+
+
 @dataclass(frozen=True)
 class Request:
     env: dict[str, str]
     stdin: bytes
 
 
-def _read_exact(sock: socket.socket, n: int) -> bytes:
+def _read_exact(sock: Receiver, n: int) -> bytes:
     chunks = []
     while n:
         chunk = sock.recv(min(n, 1 << 20))
@@ -37,7 +44,7 @@ def _read_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_length(sock: socket.socket, limit: int, what: str) -> int:
+def _read_length(sock: Receiver, limit: int, what: str) -> int:
     length: int = _U32.unpack(_read_exact(sock, 4))[0]
     if length > limit:
         raise CNIError(
@@ -47,7 +54,7 @@ def _read_length(sock: socket.socket, limit: int, what: str) -> int:
     return length
 
 
-def read_request(sock: socket.socket) -> Request:
+def read_request(sock: Receiver) -> Request:
     """Decode one request; CNIError(DECODE_FAILURE) names what is wrong with it."""
     magic = _read_exact(sock, 4)
     if magic != MAGIC:

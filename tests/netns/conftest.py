@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,16 @@ if not (REFERENCE / "bridge").exists():
 def sh(*cmd: str, netns: str = "", check: bool = True) -> subprocess.CompletedProcess[str]:
     full = ["ip", "netns", "exec", netns, *cmd] if netns else list(cmd)
     return subprocess.run(full, check=check, capture_output=True, text=True)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
+    """Its stdout and stderr once it exits; killed if it has not within `timeout`."""
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 class Node:
@@ -215,7 +226,13 @@ class Node:
 
     # -- calls ------------------------------------------------------------------
 
-    def cni(
+    def cni(self, verb: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        """Exec the installed plexus binary as a runtime would, inside the node netns."""
+        proc = self.spawn(verb, **kwargs)
+        stdout, stderr = finish(proc)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+    def spawn(
         self,
         verb: str,
         netns: str = "",
@@ -225,8 +242,8 @@ class Node:
         namespace: str = "default",
         ifname: str = "eth0",
         uid: str = "",
-    ) -> subprocess.CompletedProcess[str]:
-        """Exec the installed plexus binary as a runtime would, inside the node netns."""
+    ) -> subprocess.Popen[str]:
+        """cni() without waiting: the running plexus binary, its stdin already written."""
         args = "IgnoreUnknown=1"
         if pod:
             args += (
@@ -254,14 +271,17 @@ class Node:
                     "ifname": ifname,
                 }
             )
-        return subprocess.run(
-            ["ip", "netns", "exec", self.name, str(self.bin / "plexus")],
-            input=json.dumps(conf or self.meta()),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        with tempfile.TemporaryFile() as stdin:
+            stdin.write(json.dumps(conf or self.meta()).encode())
+            stdin.seek(0)
+            return subprocess.Popen(
+                ["ip", "netns", "exec", self.name, str(self.bin / "plexus")],
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                text=True,
+            )
 
     def ok(self, verb: str, **kwargs: Any) -> dict[str, Any] | None:
         done = self.cni(verb, **kwargs)

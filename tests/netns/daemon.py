@@ -10,6 +10,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,22 +34,23 @@ class Daemon:
         self.socket = node.root / "run" / protocol.SOCKET_NAME
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def command(self) -> list[str]:
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.node.name,
+            PLEXUS,
+            "daemon",
+            "--config",
+            str(self.config),
+            "--node-name",
+            "test-node",
+        ]
+
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                self.node.name,
-                PLEXUS,
-                "daemon",
-                "--config",
-                str(self.config),
-                "--node-name",
-                "test-node",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         deadline = time.monotonic() + 30
         while not self._ready():
@@ -83,8 +86,17 @@ class Daemon:
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
-            self.proc.wait(timeout=60)
+            try:
+                self.proc.wait(timeout=60)
+            finally:
+                if self.proc.poll() is None:  # stuck: do not leave it behind
+                    self.proc.kill()
+                    self.proc.wait()
         self.proc = None
+
+    def threads(self) -> int:
+        assert self.proc is not None
+        return len(list(Path(f"/proc/{self.proc.pid}/task").iterdir()))
 
     def peak_rss_mib(self) -> float:
         assert self.proc is not None
@@ -92,6 +104,28 @@ class Daemon:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
         raise AssertionError("no VmHWM")
+
+
+@contextmanager
+def running(node: Node, **extra: Any) -> Iterator[Daemon]:
+    """A started daemon; on exit, the test's ADDs are DELeted through it, then it stops."""
+    daemon = Daemon(node, **extra)
+    daemon.start()
+    try:
+        yield daemon
+    finally:
+        node.close()
+        node.added.clear()
+        daemon.stop()
+
+
+def wait_for(probe: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Poll `probe` until it returns something true, and return that."""
+    deadline = time.monotonic() + timeout
+    while not (value := probe()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+    return value
 
 
 def _free_port(node: Node) -> int:

@@ -15,19 +15,13 @@ import pytest
 
 from meta.daemon import protocol
 from tests.netns.conftest import Node
-from tests.netns.daemon import Daemon
+from tests.netns.daemon import Daemon, running, wait_for
 
 
 @pytest.fixture
 def daemon(node: Node) -> Iterator[Daemon]:
-    d = Daemon(node)
-    d.start()
-    try:
+    with running(node) as d:  # DELs through the daemon while it still runs
         yield d
-    finally:
-        node.close()  # DEL through the daemon while it still runs
-        node.added.clear()
-        d.stop()
 
 
 def test_add_check_del_are_served_by_the_daemon(node: Node, daemon: Daemon) -> None:
@@ -234,7 +228,7 @@ def test_cni_config_is_generated_watched_and_removed(node: Node) -> None:
         time.sleep(1.5)
         assert not generated.exists()  # the readiness indicator is not there yet
         indicator.touch()
-        conf = _wait_for(lambda: json.loads(generated.read_text()) if generated.exists() else None)
+        conf = wait_for(lambda: json.loads(generated.read_text()) if generated.exists() else None)
         assert conf["cniVersion"] == "1.0.0" and conf["name"] == "plexus-cni-network"
         plugin = conf["plugins"][0]
         assert plugin["type"] == "plexus" and plugin["capabilities"] == {"portMappings": True}
@@ -243,7 +237,7 @@ def test_cni_config_is_generated_watched_and_removed(node: Node) -> None:
 
         primary["plugins"][1]["capabilities"] = {"portMappings": True, "bandwidth": True}
         (net_d / "10-primary.conflist").write_text(json.dumps(primary))
-        _wait_for(
+        wait_for(
             lambda: (
                 "bandwidth" in json.loads(generated.read_text())["plugins"][0]["capabilities"]
                 or None
@@ -253,16 +247,6 @@ def test_cni_config_is_generated_watched_and_removed(node: Node) -> None:
         d.stop()
     assert not (net_d / "00-plexus.conflist").exists()
     assert os.listdir(net_d) == ["10-primary.conflist"]
-
-
-def _wait_for(probe: Any, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 NESTED = "[" * 100_000 + "]" * 100_000

@@ -82,6 +82,8 @@ EVERY_KEY: list[tuple[str, Any, str, Any]] = [
     ("logLevel", "DEBUG", "log_level", "debug"),
     ("logToStderr", False, "log_to_stderr", False),
     ("retryDeleteOnError", True, "retry_delete_on_error", True),
+    ("delegateTimeoutSeconds", 5, "delegate_timeout", 5.0),
+    ("daemonWaitSeconds", 2.5, "daemon_wait", 2.5),
     ("kubeconfig", "/etc/plexus/kubeconfig", "kubeconfig", "/etc/plexus/kubeconfig"),
     ("clusterDir", "/etc/plexus/cluster", "cluster_dir", "/etc/plexus/cluster"),
     ("execDelegates", ["macvlan", "ipvlan"], "exec_delegates", ["macvlan", "ipvlan"]),
