@@ -21,8 +21,8 @@ _BUSY_RETRIES = 5
 """Retries when the binary is being written ("text file busy"), a second apart, as libcni."""
 
 
-def find_plugin(plugin_type: str, paths: Sequence[str]) -> str:
-    """The first regular executable file named `plugin_type` in `paths`."""
+def find_plugin(plugin_type: str, paths: Sequence[str], root: str = "") -> str:
+    """The first regular executable file named `plugin_type` in `paths` (seen from `root`)."""
     if not plugin_type or "/" in plugin_type:
         raise CNIError(
             ErrorCode.INVALID_CONFIG,
@@ -31,7 +31,8 @@ def find_plugin(plugin_type: str, paths: Sequence[str]) -> str:
         )
     for directory in paths:
         candidate = os.path.join(directory, plugin_type)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+        outside = root + candidate if root else candidate
+        if os.path.isfile(outside) and os.access(outside, os.X_OK):
             return candidate
     raise CNIError(
         ErrorCode.INVALID_CONFIG,
@@ -47,15 +48,21 @@ class Executor(Protocol):
 
 
 class ExecExecutor:
-    """Executor that execs plugin binaries found in env["CNI_PATH"]."""
+    """Executor that execs plugin binaries found in env["CNI_PATH"].
 
-    def __init__(self, timeout: float | None = None) -> None:
+    With `chroot_dir` (the meta config's `chrootDir`, e.g. the host's / mounted at
+    /hostroot) each plugin runs chrooted there, CNI_PATH resolved inside it: a daemon in
+    a container runs the delegates against the host's files (IPAM state, sockets, configs).
+    """
+
+    def __init__(self, timeout: float | None = None, chroot_dir: str = "") -> None:
         self.timeout = timeout
+        self.chroot_dir = chroot_dir.rstrip("/")
 
     def run(self, plugin_type: str, stdin: bytes, env: Mapping[str, str]) -> bytes:
         """Exec the plugin; a non-zero exit becomes the CNIError it printed."""
         paths = [p for p in env.get("CNI_PATH", "").split(os.pathsep) if p]
-        binary = find_plugin(plugin_type, paths)
+        binary = find_plugin(plugin_type, paths, self.chroot_dir)
         # Drop any CNI_* we were called with so a stale value cannot reach the plugin.
         full_env = {k: v for k, v in os.environ.items() if k not in ENV_VARS} | dict(env)
         proc = self._exec(binary, stdin, full_env)
@@ -73,12 +80,21 @@ class ExecExecutor:
         while True:
             try:
                 return subprocess.run(
-                    [binary], input=stdin, capture_output=True, env=env, timeout=self.timeout
+                    [binary],
+                    input=stdin,
+                    capture_output=True,
+                    env=env,
+                    timeout=self.timeout,
+                    preexec_fn=self._enter_root if self.chroot_dir else None,
                 )
             except subprocess.TimeoutExpired:
                 raise CNIError(
                     ErrorCode.IO_FAILURE,
                     f"plugin {binary} timed out after {self.timeout}s and was killed",
+                ) from None
+            except subprocess.SubprocessError:  # what a failed preexec_fn raises
+                raise CNIError(
+                    ErrorCode.IO_FAILURE, f"cannot chroot into {self.chroot_dir} to run {binary}"
                 ) from None
             except OSError as err:
                 if err.errno != errno.ETXTBSY or attempt == _BUSY_RETRIES:
@@ -87,6 +103,11 @@ class ExecExecutor:
                     ) from None
             attempt += 1
             time.sleep(1)
+
+    def _enter_root(self) -> None:
+        # preexec_fn: runs in the forked child, just before the exec.
+        os.chroot(self.chroot_dir)
+        os.chdir("/")
 
 
 def _plugin_error(returncode: int, stdout: bytes, stderr: str) -> CNIError:

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 from cni import logs
 from cni.env import CmdArgs
-from cni.invoke import Executor
+from cni.invoke import ExecExecutor, Executor
 from cni.logs import StepLogger
 from cni.result import Result
 from cni.runtime import CNIRuntime
@@ -74,7 +74,10 @@ class MetaPlugin:
         if executor is None:
             from delegates.builtin import BuiltinExecutor
 
-            executor = BuiltinExecutor(exec_types=set(conf.exec_delegates))
+            executor = BuiltinExecutor(
+                exec_types=set(conf.exec_delegates),
+                fallback=ExecExecutor(chroot_dir=conf.chroot_dir),
+            )
         runtime = CNIRuntime(paths, conf.cni_dir, executor)
         devices = self.devices
         if devices is None:

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,7 @@ import pytest
 
 from meta.daemon import protocol
 from tests.netns.conftest import Node
-from tests.netns.daemon import Daemon
+from tests.netns.daemon import PLEXUS, Daemon
 
 
 @pytest.fixture
@@ -212,7 +213,7 @@ def test_hundred_concurrent_adds_through_the_shim(node: Node, daemon: Daemon) ->
     node.added.clear()
 
 
-def test_cni_config_is_generated_watched_and_removed(node: Node) -> None:
+def test_cni_config_is_generated_watched_and_kept_until_uninstall(node: Node) -> None:
     net_d = node.root / "net.d"
     net_d.mkdir()
     primary: dict[str, Any] = {
@@ -251,8 +252,41 @@ def test_cni_config_is_generated_watched_and_removed(node: Node) -> None:
         )
     finally:
         d.stop()
-    assert not (net_d / "00-plexus.conflist").exists()
+    # A stopped daemon (restart, upgrade) keeps its config: no pod may start on the
+    # primary network alone while it is away (multus-cni #1527, #1387).
+    kept = generated.read_bytes()
+    assert json.loads(kept)["plugins"][0]["delegates"] == [primary]
+    before = generated.stat().st_ino
+    d.start()
+    try:
+        time.sleep(1.5)  # a sync or two of the restarted daemon
+        assert generated.stat().st_ino == before  # the same file, not re-written
+    finally:
+        d.stop()
+    removed = subprocess.run(
+        [
+            PLEXUS,
+            "uninstall-cni",
+            "--root",
+            str(node.root),
+            "--bin-dir",
+            "/bin",
+            "--cni-conf",
+            "/net.d/00-plexus.conflist",
+            "--state-dir",
+            "/cni",
+            "--state-dir",
+            "/run",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"removed {generated}" in removed.splitlines()[0]  # the config goes first
     assert os.listdir(net_d) == ["10-primary.conflist"]
+    assert not (node.bin / "plexus").exists() and not (node.bin / "plexus-thin").exists()
+    assert not (node.root / "run").exists()
+    assert (node.bin / "bridge").exists()  # other plugins stay
 
 
 def _wait_for(probe: Any, timeout: float = 10.0) -> Any:
