@@ -20,6 +20,7 @@ CACHE=${PLEXUS_IMAGE_CACHE:-/var/cache/plexus-image}
 SUITE=bookworm
 MIRROR=http://deb.debian.org/debian
 BASE_PACKAGES=python3,python3-venv,ca-certificates
+HOST_CA=${PLEXUS_BUILD_CA:-/etc/ssl/certs/ca-certificates.crt}
 BUILDAH=(buildah --root "$CACHE/storage" --runroot "$CACHE/run" --storage-driver overlay)
 
 for tool in buildah mmdebstrap; do
@@ -40,7 +41,7 @@ base=localhost/plexus-base:$base_key
 if ! "${BUILDAH[@]}" inspect --type image "$base" >/dev/null 2>&1; then
     echo "build-image: making the base $base from Debian $SUITE (mmdebstrap)" >&2
     tarball="$CACHE/base-$base_key.tar"
-    mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" "$SUITE" "$tarball.tmp" "$MIRROR" >&2
+    mmdebstrap --quiet --format=tar --variant=minbase --include="$BASE_PACKAGES" "$SUITE" "$tarball.tmp" "$MIRROR" >&2
     mv "$tarball.tmp" "$tarball"
     ctr=$("${BUILDAH[@]}" from --quiet scratch)
     "${BUILDAH[@]}" add --quiet "$ctr" "$tarball" / >&2
@@ -61,7 +62,7 @@ key=$({
     tar -c -C "$context" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner .
 } | sha256sum | cut -c1-16)
 built=localhost/plexus-build:$key
-archive="$CACHE/archives/$key-$(echo "$IMAGE" | tr -c 'A-Za-z0-9._-\n' '_').tar"
+archive="$CACHE/archives/$key-$(echo "$IMAGE" | tr -c 'A-Za-z0-9._\n-' '_').tar"
 
 if [[ -f "$archive" ]]; then
     echo "build-image: $IMAGE cached ($key, $(elapsed) s)" >&2
@@ -70,7 +71,11 @@ if [[ -f "$archive" ]]; then
 fi
 if ! "${BUILDAH[@]}" inspect --type image "$built" >/dev/null 2>&1; then
     echo "build-image: building $built on $base" >&2
+    # pip in the build trusts this machine's CA bundle (PyPI may be reached through a TLS
+    # proxy whose CA only the host has), through a pip.conf mounted for the RUN steps only.
+    printf '[global]\ncert = /etc/plexus-build-ca.crt\n' >"$CACHE/pip.conf"
     "${BUILDAH[@]}" build --quiet --isolation chroot --layers --pull-never \
+        --volume "$CACHE/pip.conf:/etc/pip.conf:ro" --volume "$HOST_CA:/etc/plexus-build-ca.crt:ro" \
         --build-arg BASE="$base" -f Containerfile -t "$built" "$context" >&2
 fi
 "${BUILDAH[@]}" push --quiet "$built" "docker-archive:$archive.tmp:$IMAGE" >&2
