@@ -111,30 +111,39 @@ def test_exec_runs_the_plugin_chrooted_with_host_files_and_state(hostroot: HostR
         ExecExecutor().run("host-local", conf, env)  # not chrooted: no such CNI_PATH here
 
 
-def test_chroot_dir_key_runs_the_default_network_on_the_host(
-    node: Node, hostroot: HostRoot
-) -> None:
+def test_chroot_dir_key_runs_every_exec_on_the_host(node: Node, hostroot: HostRoot) -> None:
     netns = node.pod_netns()
     hostroot.share_netns(netns)
-    network = f"pxt-chroot-{node.tag}"
+    network, secondary = f"pxt-chroot-{node.tag}", f"pxt-chroot2-{node.tag}"
     (hostroot.path / "etc/plexus-test-resolv.conf").touch()
     primary = {
         "type": "bridge",
         "bridge": "pxbr0",
         **_host_local(network, "/etc/plexus-test-resolv.conf"),
     }
-    conf = node.meta(chrootDir=str(hostroot.path), delegates=[primary], binDir=hostroot.bin)
+    # In-process macvlan whose IPAM is exec'd (execDelegates): that exec is chrooted too.
+    macvlan = node.macvlan_conf(name=secondary)
+    macvlan["ipam"] = {"type": "host-local", "ranges": [[{"subnet": "10.78.0.0/24"}]]}
+    conf = node.meta(
+        chrootDir=str(hostroot.path),
+        delegates=[primary, macvlan],
+        binDir=hostroot.bin,
+        execDelegates=["host-local"],
+    )
     del conf["clusterDir"]  # no cluster source: the delegates are the networks
 
     result = node.ok("ADD", netns=netns, cid="c-chroot", conf=conf)
 
-    # bridge and host-local exist only in the root's bin dir; the lease is the host's
+    # bridge and host-local exist only in the root's bin dir; the leases are the host's
     assert result is not None and result["ips"][0]["address"] == "10.77.0.2/24"
-    assert node.links(netns) == ["eth0", "lo"]
+    assert node.links(netns) == ["eth0", "lo", "net1"]
+    assert node.addresses(netns, "net1") == ["10.78.0.2"]
     assert _leases(hostroot.leases / network) == ["10.77.0.2"]
+    assert _leases(hostroot.leases / secondary) == ["10.78.0.2"]
+    assert not Path("/var/lib/cni/networks", secondary).exists()
     node.ok("DEL", netns=netns, cid="c-chroot", conf=conf)
     node.added.clear()
-    assert _leases(hostroot.leases / network) == []
+    assert _leases(hostroot.leases / network) == _leases(hostroot.leases / secondary) == []
 
 
 def _leases(network_dir: Path) -> list[str]:
