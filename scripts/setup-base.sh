@@ -23,8 +23,9 @@ have=$(cat "$stamp" 2>/dev/null || true)
 if [[ ! -x .venv/bin/python3 ]] || { [[ $have != "$digest dev" ]] && [[ $have != "$digest $extras" ]]; }; then
     echo "setup: building .venv ($extras) with $PYTHON"
     "$PYTHON" -m venv .venv
-    .venv/bin/pip install -q --upgrade pip
-    .venv/bin/pip install -q -e ".[$([[ $extras == dev ]] && echo dev || echo protos)]"
+    # --no-compile: byte-compiling every module (the kubernetes client has thousands) at
+    # install costs ~15 s of CPU; Python compiles what it imports on first use instead.
+    .venv/bin/pip install -q --no-compile -e ".[$([[ $extras == dev ]] && echo dev || echo protos)]"
     echo "$digest $extras" > "$stamp"
 fi
 test -x .venv/bin/plexus
