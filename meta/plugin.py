@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from cni import logs
 from cni.env import CmdArgs
+from cni.errors import CNIError, ErrorCode
 from cni.invoke import ExecExecutor, Executor
 from cni.logs import StepLogger
 from cni.result import Result
@@ -44,7 +45,9 @@ class MetaPlugin:
 
     `source` lets a long-running host share one cluster source across calls;
     otherwise each call builds the one its config names. Likewise `devices` (where
-    pods' device IDs come from); by default the kubelet at the config's paths.
+    pods' device IDs come from); by default the kubelet at the config's paths. `ready`
+    (the daemon's): until it is true, STATUS fails, so the runtime reports the node's
+    network not ready (containerd 2.x polls STATUS).
     """
 
     def __init__(
@@ -53,7 +56,9 @@ class MetaPlugin:
         executor: Executor | None = None,
         configure_logging: bool = True,
         devices: DeviceSource | None = None,
+        ready: Callable[[], bool] | None = None,
     ) -> None:
+        self.ready = ready
         self.source = source
         self.executor = executor
         self.configure_logging = configure_logging
@@ -98,6 +103,12 @@ class MetaPlugin:
 
     def status(self, args: CmdArgs) -> None:
         with _summary("status", args):
+            if self.ready is not None and not self.ready():
+                raise CNIError(
+                    ErrorCode.TRY_AGAIN_LATER,
+                    "plexus daemon not ready yet",
+                    "its Kubernetes informers have not synced",
+                )
             self.engine(args).status(args)
 
     def gc(self, args: CmdArgs) -> None:

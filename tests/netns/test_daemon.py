@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+import yaml
 
 from meta.daemon import protocol
 from tests.netns.conftest import Node
@@ -211,6 +212,34 @@ def test_hundred_concurrent_adds_through_the_shim(node: Node, daemon: Daemon) ->
     assert [d.returncode for d in deleted] == [0] * 100
     assert node.reserved_ips() == []
     node.added.clear()
+
+
+def test_status_fails_until_the_daemon_is_ready(node: Node, daemon: Daemon) -> None:
+    """STATUS goes through the shim to the daemon: not ready (informers not synced) is
+    code 11, so the runtime reports the node's network not ready and retries."""
+    node.ok("STATUS")  # a ready daemon: the default network decides
+    kubeconfig = node.root / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    daemon.stop()
+    syncing = Daemon(node, kubeconfig=str(kubeconfig), clusterDir="")  # no API server answers
+    syncing.start(wait_ready=False)
+    try:
+        error = node.error("STATUS")
+        assert (error["code"], error["msg"]) == (11, "plexus daemon not ready yet")
+        assert syncing.get("/readyz")[0] == 503
+    finally:
+        syncing.stop()
 
 
 def test_cni_config_is_generated_watched_and_kept_until_uninstall(node: Node) -> None:
