@@ -32,8 +32,7 @@ class Daemon:
         self.socket = node.root / "run" / protocol.SOCKET_NAME
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, wait_ready: bool = True) -> None:
-        """Start it; wait for /readyz (or only /healthz: serving, maybe not ready) to say 200."""
+    def start(self) -> None:
         self.proc = subprocess.Popen(
             [
                 "ip",
@@ -51,14 +50,14 @@ class Daemon:
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 30
-        while not self._answers("/readyz" if wait_ready else "/healthz"):
+        while not self._ready():
             assert self.proc.poll() is None, "daemon exited at start-up"
             assert time.monotonic() < deadline, "daemon not ready after 30 s"
             time.sleep(0.05)
 
-    def _answers(self, path: str) -> bool:
+    def _ready(self) -> bool:
         try:
-            return self.get(path)[0] == 200
+            return self.get("/readyz")[0] == 200
         except OSError:
             return False
 

@@ -233,8 +233,14 @@ def test_status_fails_until_the_daemon_is_ready(node: Node, daemon: Daemon) -> N
     )
     daemon.stop()
     syncing = Daemon(node, kubeconfig=str(kubeconfig), clusterDir="")  # no API server answers
-    syncing.start(wait_ready=False)
+    # Daemon.start() waits for /readyz, which this one never reaches: wait for /healthz.
+    syncing.proc = subprocess.Popen(
+        ["ip", "netns", "exec", node.name, PLEXUS, "daemon", "--config", str(syncing.config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
+        _wait_for(lambda: _status_code(syncing, "/healthz") == 200 or None, timeout=60)
         error = node.error("STATUS")
         assert (error["code"], error["msg"]) == (11, "plexus daemon not ready yet")
         assert syncing.get("/readyz")[0] == 503
@@ -316,6 +322,13 @@ def test_cni_config_is_generated_watched_and_kept_until_uninstall(node: Node) ->
     assert not (node.bin / "plexus").exists() and not (node.bin / "plexus-thin").exists()
     assert not (node.root / "run").exists()
     assert (node.bin / "bridge").exists()  # other plugins stay
+
+
+def _status_code(daemon: Daemon, path: str) -> int:
+    try:
+        return daemon.get(path)[0]
+    except OSError:
+        return 0
 
 
 def _wait_for(probe: Any, timeout: float = 10.0) -> Any:
