@@ -55,8 +55,11 @@ fi
 context=$(mktemp -d "$CACHE/context.XXXXXX")
 trap 'rm -rf "$context"' EXIT
 tar -c --exclude=__pycache__ --exclude='*_pb2.py' --exclude='*_pb2.pyi' --exclude='*_pb2_grpc.py' \
-    Containerfile pyproject.toml README.md scripts/gen-protos.py cni meta delegates deviceplugin |
+    Containerfile pyproject.toml scripts/gen-protos.py cni meta delegates deviceplugin |
     tar -x -C "$context"
+# The package metadata needs a README but the image does not need the docs: a stub keeps
+# README edits from rebuilding the image.
+echo "Plexus: see README.md in the repository." >"$context/README.md"
 key=$({
     echo "$base_key"
     tar -c -C "$context" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner .
@@ -80,5 +83,6 @@ if ! "${BUILDAH[@]}" inspect --type image "$built" >/dev/null 2>&1; then
 fi
 "${BUILDAH[@]}" push --quiet "$built" "docker-archive:$archive.tmp:$IMAGE" >&2
 mv "$archive.tmp" "$archive"
+find "$CACHE/archives" -name '*.tar' -mtime +1 -delete # other trees' images, a day old
 echo "build-image: $IMAGE built ($key, $(elapsed) s)" >&2
 echo "$archive"
