@@ -22,8 +22,8 @@ _BUSY_RETRIES = 5
 """Retries when the binary is being written ("text file busy"), a second apart, as libcni."""
 
 
-def find_plugin(plugin_type: str, paths: Sequence[str]) -> str:
-    """The first regular executable file named `plugin_type` in `paths`."""
+def find_plugin(plugin_type: str, paths: Sequence[str], root: str = "") -> str:
+    """The first regular executable file named `plugin_type` in `paths` (seen from `root`)."""
     if not plugin_type or "/" in plugin_type:
         raise CNIError(
             ErrorCode.INVALID_CONFIG,
@@ -32,7 +32,8 @@ def find_plugin(plugin_type: str, paths: Sequence[str]) -> str:
         )
     for directory in paths:
         candidate = os.path.join(directory, plugin_type)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+        outside = root + candidate if root else candidate
+        if os.path.isfile(outside) and os.access(outside, os.X_OK):
             return candidate
     raise CNIError(
         ErrorCode.INVALID_CONFIG,
@@ -48,15 +49,21 @@ class Executor(Protocol):
 
 
 class ExecExecutor:
-    """Executor that execs plugin binaries found in env["CNI_PATH"]."""
+    """Executor that execs plugin binaries found in env["CNI_PATH"].
 
-    def __init__(self, timeout: float | None = None) -> None:
+    With `chroot_dir` (the meta config's `chrootDir`, e.g. the host's / mounted at
+    /hostroot) each plugin runs chrooted there, CNI_PATH resolved inside it: a daemon in
+    a container runs the delegates against the host's files (IPAM state, sockets, configs).
+    """
+
+    def __init__(self, timeout: float | None = None, chroot_dir: str = "") -> None:
         self.timeout = timeout
+        self.chroot_dir = chroot_dir.rstrip("/")
 
     def run(self, plugin_type: str, stdin: bytes, env: Mapping[str, str]) -> bytes:
         """Exec the plugin; a non-zero exit becomes the CNIError it printed."""
         paths = [p for p in env.get("CNI_PATH", "").split(os.pathsep) if p]
-        binary = find_plugin(plugin_type, paths)
+        binary = find_plugin(plugin_type, paths, self.chroot_dir)
         # Drop any CNI_* we were called with so a stale value cannot reach the plugin.
         full_env = {k: v for k, v in os.environ.items() if k not in ENV_VARS} | dict(env)
         command = env.get("CNI_COMMAND", "")
@@ -65,7 +72,9 @@ class ExecExecutor:
         timeout = self.timeout if self.timeout is not None else scope.timeout
         attempt = 0
         while True:
-            returncode, stdout, stderr = _exec(plugin_type, binary, stdin, full_env, timeout)
+            returncode, stdout, stderr = _exec(
+                plugin_type, binary, stdin, full_env, timeout, self.chroot_dir
+            )
             if not (returncode == _EXEC_FAILED and _BUSY in stderr) or attempt == _BUSY_RETRIES:
                 break
             attempt += 1
@@ -84,7 +93,12 @@ _BUSY = os.strerror(errno.ETXTBSY)
 
 
 def _exec(
-    plugin_type: str, binary: str, stdin: bytes, env: dict[str, str], timeout: float | None
+    plugin_type: str,
+    binary: str,
+    stdin: bytes,
+    env: dict[str, str],
+    timeout: float | None,
+    chroot_dir: str,
 ) -> tuple[int, bytes, str]:
     """Run the plugin once: exit status, stdout, stderr.
 
@@ -101,7 +115,12 @@ def _exec(
             stderr=subprocess.PIPE,
             env=env,
             process_group=0,
+            preexec_fn=(lambda: _enter_root(chroot_dir)) if chroot_dir else None,
         )
+    except subprocess.SubprocessError:  # what a failed preexec_fn raises
+        raise CNIError(
+            ErrorCode.IO_FAILURE, f"cannot chroot into {chroot_dir} to run {binary}"
+        ) from None
     except OSError as err:
         if err.errno == errno.ETXTBSY:
             return _EXEC_FAILED, b"", _BUSY
@@ -118,6 +137,12 @@ def _exec(
                 "raise delegateTimeoutSeconds if the plugin is slow but healthy",
             ) from None
     return proc.returncode, stdout, stderr.decode(errors="replace").strip()
+
+
+def _enter_root(root: str) -> None:
+    # preexec_fn: runs in the forked child, just before the exec.
+    os.chroot(root)
+    os.chdir("/")
 
 
 def _plugin_error(returncode: int, stdout: bytes, stderr: str) -> CNIError:

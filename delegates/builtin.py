@@ -34,12 +34,14 @@ HOSTED: dict[str, tuple[str, str]] = {
 """Plugin type -> (module, class); modules are imported on first use."""
 
 
-def hosted_plugin(plugin_type: str, exec_types: Iterable[str] = ()) -> Plugin:
+def hosted_plugin(
+    plugin_type: str, exec_types: Iterable[str] = (), ipam_executor: Executor | None = None
+) -> Plugin:
     """A fresh instance of the in-process plugin for `plugin_type` (KeyError if none),
-    running the IPAM types in `exec_types` as binaries."""
+    running the IPAM types in `exec_types` as binaries through `ipam_executor`."""
     module, name = HOSTED[plugin_type]
     cls = getattr(importlib.import_module(module), name)
-    plugin: Plugin = cls(ipam_exec=frozenset(exec_types))
+    plugin: Plugin = cls(ipam_exec=frozenset(exec_types), ipam_executor=ipam_executor)
     return plugin
 
 
@@ -60,7 +62,8 @@ class BuiltinExecutor:
             return self.fallback.run(plugin_type, stdin, env)
         args = cmd_args_from_env(env, stdin)
         try:
-            return dispatch(hosted_plugin(plugin_type, self.exec_types), args)
+            plugin = hosted_plugin(plugin_type, self.exec_types, self.fallback)
+            return dispatch(plugin, args)
         except CNIError:
             raise
         except Exception as exc:

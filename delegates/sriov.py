@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cni import skel
 from cni.env import CmdArgs
@@ -53,6 +53,9 @@ from delegates.vf import (
     vf_lock,
     write_cache,
 )
+
+if TYPE_CHECKING:  # the standalone plugins start without importing it
+    from cni.invoke import Executor
 
 log = logging.getLogger("plexus.delegates")
 
@@ -184,11 +187,18 @@ def load_conf(stdin: bytes) -> SriovConf:
 
 class SriovPlugin:
     """`type: sriov`; implements cni.skel.Plugin. `sysfs` is the root to find VFs under;
-    `ipam_exec`: IPAM types to exec from CNI_PATH instead of in-process (`execDelegates`)."""
+    `ipam_exec`: IPAM types to exec from CNI_PATH instead of in-process (`execDelegates`),
+    with `ipam_executor` (default: a plain exec)."""
 
-    def __init__(self, sysfs: str = "/sys", ipam_exec: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        sysfs: str = "/sys",
+        ipam_exec: Iterable[str] = (),
+        ipam_executor: Executor | None = None,
+    ) -> None:
         self.sysfs = sysfs
         self.ipam_exec = frozenset(ipam_exec)
+        self.ipam_executor = ipam_executor
 
     def add(self, args: CmdArgs) -> Result:
         conf = load_conf(args.stdin)
@@ -251,7 +261,7 @@ class SriovPlugin:
     def _ipam(self, conf: SriovConf, args: CmdArgs) -> Result:
         from delegates.ipam import ipam_add
 
-        result = ipam_add(conf.raw, args, exec_types=self.ipam_exec)
+        result = ipam_add(conf.raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
         if not result.ips:
             _quietly(lambda: self._ipam_del(conf, args))
             raise fail("IPAM plugin returned missing IP config")
@@ -351,7 +361,7 @@ class SriovPlugin:
         if conf.ipam_type:
             from delegates.ipam import ipam_check
 
-            ipam_check(conf.raw, args, exec_types=self.ipam_exec)
+            ipam_check(conf.raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
         mine = [i for i in prev.interfaces if i.name == args.ifname and i.sandbox == args.netns]
         if not mine:
             raise fail(f"prevResult has no interface {args.ifname} in {args.netns}")
@@ -375,7 +385,7 @@ class SriovPlugin:
     def _ipam_del(self, conf: SriovConf, args: CmdArgs) -> None:
         from delegates.ipam import ipam_del
 
-        ipam_del(conf.raw, args, exec_types=self.ipam_exec)
+        ipam_del(conf.raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
 
     def gc(self, args: CmdArgs) -> None:
         """Pass GC to IPAM; VFs are returned by DEL."""
@@ -383,7 +393,7 @@ class SriovPlugin:
         if conf.ipam_type:
             from delegates.ipam import ipam_gc
 
-            ipam_gc(conf.raw, args, exec_types=self.ipam_exec)
+            ipam_gc(conf.raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
 
 
 def _configure(tmp: str, conf: SriovConf, args: CmdArgs, ipc: Result | None) -> Interface:

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from cni import jsonio
 from cni.env import CmdArgs
@@ -43,6 +43,9 @@ from delegates.link import (
 )
 from delegates.netns import NetnsGone, run_in_netns
 from delegates.rtnl import Rtnl
+
+if TYPE_CHECKING:  # the standalone plugins start without importing it
+    from cni.invoke import Executor
 
 T = TypeVar("T")
 log = logging.getLogger("plexus.delegates")
@@ -131,7 +134,8 @@ class SubLinkPlugin:
     """ADD/CHECK/DEL/STATUS/GC for a link on a master; subclasses give the kind's config.
 
     `ipam_exec`: IPAM types to exec from CNI_PATH even though they run in-process by
-    default (the meta config's `execDelegates`, handed over by delegates.builtin).
+    default (the meta config's `execDelegates`, handed over by delegates.builtin), with
+    `ipam_executor` (the meta-plugin's, e.g. chrooted; default: a plain exec).
     """
 
     kind = ""
@@ -139,8 +143,11 @@ class SubLinkPlugin:
     check_master_mtu = True  # macvlan 1.1.1 checks mtu <= master's; ipvlan leaves it to the kernel
     modes: ClassVar[dict[str, int]] = {}  # config name -> kernel mode number
 
-    def __init__(self, ipam_exec: Iterable[str] = ()) -> None:
+    def __init__(
+        self, ipam_exec: Iterable[str] = (), ipam_executor: Executor | None = None
+    ) -> None:
         self.ipam_exec = frozenset(ipam_exec)
+        self.ipam_executor = ipam_executor
 
     def load(self, args: CmdArgs, command: str) -> LinkConf:
         raise NotImplementedError
@@ -155,7 +162,7 @@ class SubLinkPlugin:
             return None
         from delegates.ipam import ipam_add
 
-        result = ipam_add(conf.raw, args, exec_types=self.ipam_exec)
+        result = ipam_add(conf.raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
         if not result.ips:
             self._release(conf, args)
             raise fail("IPAM plugin returned missing IP config")
@@ -165,7 +172,9 @@ class SubLinkPlugin:
         """Best-effort IPAM DEL after a failed ADD."""
         from delegates.ipam import ipam_del
 
-        _quietly(lambda: ipam_del(conf.raw, args, exec_types=self.ipam_exec))
+        _quietly(
+            lambda: ipam_del(conf.raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
+        )
 
     # -- master side -----------------------------------------------------------------
 
@@ -248,7 +257,7 @@ class SubLinkPlugin:
         if conf.ipam_type:
             from delegates.ipam import ipam_check
 
-            ipam_check(conf.raw, args, exec_types=self.ipam_exec)
+            ipam_check(conf.raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
         prev = conf.prev
         if prev is None:
             raise fail("Required prevResult missing")
@@ -289,7 +298,7 @@ class SubLinkPlugin:
         if go_field(ipam, "type", str, "string", "IPAM"):
             from delegates.ipam import ipam_del
 
-            ipam_del(raw, args, exec_types=self.ipam_exec)
+            ipam_del(raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
         if not args.netns:
             return
         try:
@@ -306,7 +315,7 @@ class SubLinkPlugin:
         if go_field(go_field(raw, "ipam", dict, "types.IPAM"), "type", str, "string", "IPAM"):
             from delegates.ipam import ipam_gc
 
-            ipam_gc(raw, args, exec_types=self.ipam_exec)
+            ipam_gc(raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
 
 
 def _with_netlink(fn: Callable[[Rtnl], T]) -> T:

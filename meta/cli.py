@@ -1,5 +1,5 @@
-"""The `plexus` command line: install-cni, daemon, cni (replay a call by hand), inspect,
-demo, deviceplugin."""
+"""The `plexus` command line: install-cni, uninstall-cni, daemon, cni (replay a call by
+hand), inspect, demo, deviceplugin."""
 
 from __future__ import annotations
 
@@ -21,6 +21,23 @@ def _parser() -> argparse.ArgumentParser:
 
     install = sub.add_parser("install-cni", help="install the plexus CNI binaries into a dir")
     install.add_argument("--bin-dir", default="/opt/cni/bin")
+    install.add_argument(
+        "--shim-only",
+        action="store_true",
+        help="only the shim (a DaemonSet install: the Python binaries cannot run on the host)",
+    )
+
+    uninstall = sub.add_parser(
+        "uninstall-cni", help="remove Plexus's CNI config, binaries and state from a node"
+    )
+    uninstall.add_argument("--root", default="/", help="the node's / (e.g. /hostroot)")
+    uninstall.add_argument("--bin-dir", default="/opt/cni/bin")
+    uninstall.add_argument("--cni-conf", default="/etc/cni/net.d/00-plexus.conflist")
+    uninstall.add_argument(
+        "--state-dir",
+        action="append",
+        help="repeatable; default: /var/lib/cni/plexus and /run/plexus",
+    )
 
     cni = sub.add_parser("cni", help="replay one CNI call by hand, as cnitool does")
     cni.add_argument("verb", choices=VERBS)
@@ -75,11 +92,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    if args.command == "install-cni":
-        from meta.install import install_binaries
-
-        for path in install_binaries(args.bin_dir):
-            print(f"installed {path}")
+    if args.command in ("install-cni", "uninstall-cni"):
+        sys.exit(install_files(args))
     elif args.command == "cni":
         sys.exit(replay(args))
     elif args.command == "daemon":
@@ -104,6 +118,26 @@ def main(argv: list[str] | None = None) -> None:
         if args.dp_command == "list":
             sys.exit(dp_cli.list_pools(args.config, args.sysfs_root))
         sys.exit(dp_cli.serve(args))
+
+
+def install_files(args: argparse.Namespace) -> int:
+    """install-cni or uninstall-cni; prints each path written or removed."""
+    from cni.errors import CNIError
+    from meta import install
+
+    try:
+        if args.command == "install-cni":
+            done = install.install_binaries(args.bin_dir, shim_only=args.shim_only)
+        else:
+            states = args.state_dir or ["/var/lib/cni/plexus", "/run/plexus"]
+            done = install.uninstall(args.root, args.bin_dir, args.cni_conf, states)
+    except (OSError, CNIError) as exc:
+        print(f"plexus {args.command}: {exc}", file=sys.stderr)
+        return 1
+    verb = "installed" if args.command == "install-cni" else "removed"
+    for path in done:
+        print(f"{verb} {path}")
+    return 0
 
 
 def inspect_node(config_file: str, as_json: bool) -> int:

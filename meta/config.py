@@ -72,6 +72,7 @@ class MetaConfig(BaseModel):
     conf_dir: str = Field(DEFAULT_CONF_DIR, alias="confDir")
     cni_dir: str = Field(DEFAULT_CNI_DIR, alias="cniDir")
     bin_dir: str = Field("", alias="binDir")
+    chroot_dir: str = Field("", alias="chrootDir")
     exec_delegates: list[str] = Field(default_factory=list, alias="execDelegates")
     readiness_indicator_file: str = Field("", alias="readinessindicatorfile")
     log_file: str = Field("", alias="logFile")

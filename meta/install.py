@@ -1,12 +1,18 @@
-"""`plexus install-cni`: put the CNI binaries where a runtime looks for them.
+"""`plexus install-cni` and `plexus uninstall-cni`: Plexus's files in a node's CNI dirs.
 
-`plexus` is the compiled shim (meta/shim/shim.c, built here with the system C
-compiler); the Python entry points run with this installation's interpreter,
-so a runtime can exec them with a bare environment.
+`plexus` is the shim (meta/shim/shim.c): copied from the one prebuilt beside this
+installation (the image's, at `<prefix>/libexec/plexus/plexus`), else compiled here with
+the system C compiler. The Python binaries run with this installation's interpreter, so
+they belong only on hosts where Plexus itself is installed; a DaemonSet install
+(`shim_only`) puts nothing but the shim on the host.
+
+Every file is written under a temp name in the target dir and renamed into place: safe
+over a binary the runtime is executing, and a re-run (every node boot) is harmless.
 """
 
 from __future__ import annotations
 
+import filecmp
 import logging
 import os
 import shutil
@@ -23,6 +29,7 @@ log = logging.getLogger("plexus.install")
 
 SHIM_SOURCE = Path(__file__).parent / "shim" / "shim.c"
 SHIM_NAME = "plexus"
+PREBUILT_SHIM = Path(sys.prefix) / "libexec" / "plexus" / SHIM_NAME
 # Each Python binary: its name and the module whose main() it runs.
 BINARIES = {
     "plexus-thin": "meta.shim.thin",
@@ -39,16 +46,55 @@ main()
 """
 
 
-def install_binaries(bin_dir: str | Path) -> list[Path]:
-    """Install the shim and the Python binaries atomically into `bin_dir`; return their paths."""
+def install_binaries(
+    bin_dir: str | Path, shim_only: bool = False, prebuilt: Path = PREBUILT_SHIM
+) -> list[Path]:
+    """Install the shim (and unless `shim_only` the Python binaries) into `bin_dir`."""
     target = Path(bin_dir)
     target.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(target)
     written = []
-    for name, module in BINARIES.items():
-        text = _TEMPLATE.format(python=sys.executable, prefix=sys.prefix, module=module)
-        written.append(_place(target, name, partial(_write_text, text=text)))
-    written.append(_place(target, SHIM_NAME, _compile_shim))
+    if not shim_only:
+        for name, module in BINARIES.items():
+            text = _TEMPLATE.format(python=sys.executable, prefix=sys.prefix, module=module)
+            written.append(_place(target, name, partial(_write_text, text=text)))
+    if prebuilt.is_file():
+        if not _same(prebuilt, target / SHIM_NAME):
+            _place(target, SHIM_NAME, partial(_copy, prebuilt))
+        written.append(target / SHIM_NAME)
+    else:
+        written.append(_place(target, SHIM_NAME, _compile_shim))
     return written
+
+
+def uninstall(root: str | Path, bin_dir: str, conf_file: str, state_dirs: list[str]) -> list[Path]:
+    """Remove Plexus's CNI config, binaries and state dirs (paths taken under `root`)."""
+
+    def under(path: str) -> Path:
+        return Path(root) / path.lstrip("/")
+
+    # The config first: the runtime stops calling the shim before the shim goes.
+    paths = [under(conf_file)]
+    paths += [under(bin_dir) / name for name in (SHIM_NAME, *BINARIES)]
+    paths += [under(d) for d in state_dirs]
+    removed = []
+    for path in paths:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.is_symlink() or path.exists():
+            path.unlink()
+        else:
+            continue
+        removed.append(path)
+    return removed
+
+
+def _same(a: Path, b: Path) -> bool:
+    return b.is_file() and filecmp.cmp(a, b, shallow=False)
+
+
+def _copy(source: Path, output: str) -> None:
+    shutil.copyfile(source, output)
 
 
 def _write_text(output: str, text: str) -> None:
@@ -74,9 +120,20 @@ def _compile_shim(output: str) -> None:
         )
 
 
+def _temp_prefix(name: str) -> str:
+    return f".{name}-"
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Temp files of an install killed before its rename (a node reboot mid-copy)."""
+    for name in (SHIM_NAME, *BINARIES):
+        for stale in target.glob(_temp_prefix(name) + "*"):
+            stale.unlink(missing_ok=True)
+
+
 def _place(target: Path, name: str, produce: Callable[[str], None]) -> Path:
     """Produce a file under a temp name in `target`, make it executable, rename it into place."""
-    fd, tmp = tempfile.mkstemp(dir=target, prefix=f".{name}-")
+    fd, tmp = tempfile.mkstemp(dir=target, prefix=_temp_prefix(name))
     os.close(fd)
     try:
         produce(tmp)

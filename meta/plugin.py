@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from cni import callscope, logs
 from cni.env import CmdArgs
-from cni.errors import CNIError
-from cni.invoke import Executor, find_plugin
+from cni.errors import CNIError, ErrorCode
+from cni.invoke import ExecExecutor, Executor, find_plugin
 from cni.logs import StepLogger
 from cni.result import Result
 from cni.runtime import CNIRuntime
@@ -46,7 +46,9 @@ class MetaPlugin:
 
     `source` lets a long-running host share one cluster source across calls;
     otherwise each call builds the one its config names. Likewise `devices` (where
-    pods' device IDs come from); by default the kubelet at the config's paths.
+    pods' device IDs come from); by default the kubelet at the config's paths. `ready`
+    (the daemon's): until it is true, STATUS fails, so the runtime reports the node's
+    network not ready (containerd 2.x polls STATUS).
     """
 
     def __init__(
@@ -55,7 +57,9 @@ class MetaPlugin:
         executor: Executor | None = None,
         configure_logging: bool = True,
         devices: DeviceSource | None = None,
+        ready: Callable[[], bool] | None = None,
     ) -> None:
+        self.ready = ready
         self.source = source
         self.executor = executor
         self.configure_logging = configure_logging
@@ -74,12 +78,15 @@ class MetaPlugin:
         paths = ([conf.bin_dir] if conf.bin_dir else []) + list(cni_path)
         scope = callscope.current()
         scope.timeout = conf.delegate_timeout
-        scope.wrapper = _installed_shim(paths)
+        scope.wrapper = _installed_shim(paths, conf.chroot_dir)
         executor = self.executor
         if executor is None:
             from delegates.builtin import BuiltinExecutor
 
-            executor = BuiltinExecutor(exec_types=set(conf.exec_delegates))
+            executor = BuiltinExecutor(
+                exec_types=set(conf.exec_delegates),
+                fallback=ExecExecutor(chroot_dir=conf.chroot_dir),
+            )
         runtime = CNIRuntime(paths, conf.cni_dir, executor)
         devices = self.devices
         if devices is None:
@@ -100,6 +107,12 @@ class MetaPlugin:
 
     def status(self, args: CmdArgs) -> None:
         with _call("status", args):
+            if self.ready is not None and not self.ready():
+                raise CNIError(
+                    ErrorCode.TRY_AGAIN_LATER,
+                    "plexus daemon not ready yet",
+                    "its Kubernetes informers have not synced",
+                )
             self.engine(args).status(args)
 
     def gc(self, args: CmdArgs) -> None:
@@ -107,10 +120,11 @@ class MetaPlugin:
             self.engine(args).gc(args)
 
 
-def _installed_shim(paths: Sequence[str]) -> str:
-    """The shim among the plugins, which execs delegates so they die with us; "" if none."""
+def _installed_shim(paths: Sequence[str], root: str) -> str:
+    """The shim among the plugins (seen from `root`, where delegates are exec'd), which
+    execs delegates so they die with us; "" if none."""
     try:
-        return find_plugin(SHIM_NAME, paths)
+        return find_plugin(SHIM_NAME, paths, root)
     except CNIError:
         return ""
 

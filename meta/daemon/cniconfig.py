@@ -2,7 +2,10 @@
 
 The primary is the first config (sorted) in the host's net.d that is not ours.
 Ours is written last of all, since its presence tells the runtime the node's
-network is ready; it is re-generated when the primary changes and removed on exit.
+network is ready; it is re-generated when the primary changes. It stays when the daemon
+stops: removing it on exit (as Multus does, multus-cni #1527) lets pods created during a
+restart or upgrade start on the primary network alone. Only `plexus uninstall-cni`
+removes it.
 """
 
 from __future__ import annotations
@@ -76,18 +79,15 @@ class ConfigWriter:
         self.target = self.net_dir / conf.generated_name
         self.interval = interval
         self._stop = threading.Event()
-        self._last: bytes | None = None
         self._thread = threading.Thread(target=self._loop, name="cni-config", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop watching and remove our config, so the runtime stops sending us pods."""
+        """Stop watching; our config stays, so the runtime keeps sending pods to the shim."""
         self._stop.set()
         self._thread.join()
-        self.target.unlink(missing_ok=True)
-        log.info("removed generated CNI config", extra={"file": str(self.target)})
 
     def sync(self) -> bool:
         """Write our config if the primary exists and changed; True when ours is in place."""
@@ -106,9 +106,8 @@ class ConfigWriter:
             )
             return False
         text = json.dumps(build(primary, self.conf), indent=2).encode()
-        if text != self._last or not self.target.exists():
+        if _read(self.target) != text:  # a restarted daemon leaves an unchanged one alone
             write_atomic(self.target, text, 0o644)
-            self._last = text
             log.info(
                 "wrote CNI config", extra={"file": str(self.target), "primary": str(primary_path)}
             )
@@ -118,3 +117,10 @@ class ConfigWriter:
         while not self._stop.is_set():
             self.sync()
             self._stop.wait(self.interval)
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None

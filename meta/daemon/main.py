@@ -30,7 +30,8 @@ def run_daemon(config_path: str, node_name: str) -> int:
     source = source_for(conf, node_name, daemon=True)
     if isinstance(source, KubeSource):
         source.start()
-    plugin = MetaPlugin(source=source, configure_logging=False)
+    ready = threading.Event()
+    plugin = MetaPlugin(source=source, configure_logging=False, ready=ready.is_set)
     hotplug = HotplugWorker(plugin, conf)
     poller: StorePoller | None = None
     if isinstance(source, KubeSource) and source.pods is not None:
@@ -41,7 +42,6 @@ def run_daemon(config_path: str, node_name: str) -> int:
     hotplug.start()
     server = SocketServer(conf.socket_dir, plugin, metrics, conf.max_concurrent_requests)
     server.bind()
-    ready = threading.Event()
     http: HealthServer | None = None
     if conf.metrics_port:
         http = HealthServer(conf.metrics_bind_address, conf.metrics_port, metrics, ready.is_set)

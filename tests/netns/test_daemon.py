@@ -6,16 +6,18 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+import yaml
 
 from meta.daemon import protocol
 from tests.netns.conftest import Node
-from tests.netns.daemon import Daemon, running, wait_for
+from tests.netns.daemon import PLEXUS, Daemon, running, wait_for
 
 
 @pytest.fixture
@@ -206,7 +208,41 @@ def test_hundred_concurrent_adds_through_the_shim(node: Node, daemon: Daemon) ->
     node.added.clear()
 
 
-def test_cni_config_is_generated_watched_and_removed(node: Node) -> None:
+def test_status_fails_until_the_daemon_is_ready(node: Node, daemon: Daemon) -> None:
+    """STATUS goes through the shim to the daemon: not ready (informers not synced) is
+    code 11, so the runtime reports the node's network not ready and retries."""
+    node.ok("STATUS")  # a ready daemon: the default network decides
+    kubeconfig = node.root / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    daemon.stop()
+    syncing = Daemon(node, kubeconfig=str(kubeconfig), clusterDir="")  # no API server answers
+    # Daemon.start() waits for /readyz, which this one never reaches: wait for /healthz.
+    syncing.proc = subprocess.Popen(
+        ["ip", "netns", "exec", node.name, PLEXUS, "daemon", "--config", str(syncing.config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: _status_code(syncing, "/healthz") == 200 or None, timeout=60)
+        error = node.error("STATUS")
+        assert (error["code"], error["msg"]) == (11, "plexus daemon not ready yet")
+        assert syncing.get("/readyz")[0] == 503
+    finally:
+        syncing.stop()
+
+
+def test_cni_config_is_generated_watched_and_kept_until_uninstall(node: Node) -> None:
     net_d = node.root / "net.d"
     net_d.mkdir()
     primary: dict[str, Any] = {
@@ -245,8 +281,48 @@ def test_cni_config_is_generated_watched_and_removed(node: Node) -> None:
         )
     finally:
         d.stop()
-    assert not (net_d / "00-plexus.conflist").exists()
+    # A stopped daemon (restart, upgrade) keeps its config: no pod may start on the
+    # primary network alone while it is away (multus-cni #1527, #1387).
+    kept = generated.read_bytes()
+    assert json.loads(kept)["plugins"][0]["delegates"] == [primary]
+    before = generated.stat().st_ino
+    d.start()
+    try:
+        time.sleep(1.5)  # a sync or two of the restarted daemon
+        assert generated.stat().st_ino == before  # the same file, not re-written
+    finally:
+        d.stop()
+    removed = subprocess.run(
+        [
+            PLEXUS,
+            "uninstall-cni",
+            "--root",
+            str(node.root),
+            "--bin-dir",
+            "/bin",
+            "--cni-conf",
+            "/net.d/00-plexus.conflist",
+            "--state-dir",
+            "/cni",
+            "--state-dir",
+            "/run",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"removed {generated}" in removed.splitlines()[0]  # the config goes first
     assert os.listdir(net_d) == ["10-primary.conflist"]
+    assert not (node.bin / "plexus").exists() and not (node.bin / "plexus-thin").exists()
+    assert not (node.root / "run").exists()
+    assert (node.bin / "bridge").exists()  # other plugins stay
+
+
+def _status_code(daemon: Daemon, path: str) -> int:
+    try:
+        return daemon.get(path)[0]
+    except OSError:
+        return 0
 
 
 NESTED = "[" * 100_000 + "]" * 100_000

@@ -48,9 +48,9 @@ def test_find_plugin_not_found(tmp_path: Path) -> None:
     assert exc.value.msg == f'failed to find plugin "nope" in path [{tmp_path} /nonexistent]'
 
 
-def run(bin_dir: Path, name: str, command: str = "ADD", **kwargs: float) -> bytes:
+def run(bin_dir: Path, name: str, command: str = "ADD", timeout: float | None = None) -> bytes:
     env = cni_env(command, "cid", "/run/netns/x", "eth0", [("A", "1")], [str(bin_dir)])
-    return ExecExecutor(**kwargs).run(name, b'{"cniVersion":"1.0.0"}', env)
+    return ExecExecutor(timeout).run(name, b'{"cniVersion":"1.0.0"}', env)
 
 
 def test_plugin_error_json_becomes_cni_error(make_plugin: PluginMaker, bin_dir: Path) -> None:

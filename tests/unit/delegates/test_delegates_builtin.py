@@ -80,7 +80,7 @@ def test_a_crash_becomes_the_unexpected_error(monkeypatch: pytest.MonkeyPatch) -
         def add(self, args: object) -> None:
             raise RuntimeError("kaboom")
 
-    monkeypatch.setattr(builtin, "hosted_plugin", lambda plugin_type, exec_types: Boom())
+    monkeypatch.setattr(builtin, "hosted_plugin", lambda *args: Boom())
     with pytest.raises(CNIError) as info:
         BuiltinExecutor().run("macvlan", CONF.replace(b'"x"', b'"bridge"'), _env())
     assert (info.value.code, info.value.msg, info.value.details) == (
@@ -112,6 +112,9 @@ def test_hosted_plugins_get_the_exec_types_for_their_ipam() -> None:
         assert isinstance(plugin, SubLinkPlugin | SriovPlugin)
         assert isinstance(plain, SubLinkPlugin | SriovPlugin)
         assert plugin.ipam_exec == {"host-local", "macvlan"} and plain.ipam_exec == frozenset()
+        chrooted = ExecExecutor(chroot_dir="/hostroot")
+        via = builtin.hosted_plugin(kind, {"host-local"}, chrooted)
+        assert isinstance(via, SubLinkPlugin | SriovPlugin) and via.ipam_executor is chrooted
 
 
 # A stand-in IPAM binary: logs its verb and container, answers ADD with a fixed address.
@@ -149,7 +152,7 @@ def test_exec_types_route_a_hosted_plugins_ipam(ipam: str, tmp_path: Path) -> No
         env = cni_env("DEL", f"in-{plugin_type}", "", "eth0", (), [str(tmp_path)])
         assert BuiltinExecutor(fallback=Recorder()).run(plugin_type, stdin, env) == b""
         env = cni_env("DEL", f"ex-{plugin_type}", "", "eth0", (), [str(tmp_path)])
-        executor = BuiltinExecutor(exec_types={ipam, "bridge"}, fallback=Recorder())
+        executor = BuiltinExecutor(exec_types={ipam, "bridge"})  # execs through its fallback
         assert executor.run(plugin_type, stdin, env) == b""
     assert (tmp_path / "calls.log").read_text().split("\n") == [
         "DEL ex-macvlan",

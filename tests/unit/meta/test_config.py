@@ -77,6 +77,7 @@ EVERY_KEY: list[tuple[str, Any, str, Any]] = [
     ("confDir", "/etc/plexus/net.d", "conf_dir", "/etc/plexus/net.d"),
     ("cniDir", "/var/lib/plexus-test", "cni_dir", "/var/lib/plexus-test"),
     ("binDir", "/opt/plexus/bin", "bin_dir", "/opt/plexus/bin"),
+    ("chrootDir", "/hostroot", "chroot_dir", "/hostroot"),
     ("readinessindicatorfile", "/run/ready.conf", "readiness_indicator_file", "/run/ready.conf"),
     ("logFile", "/var/log/plexus.log", "log_file", "/var/log/plexus.log"),
     ("logLevel", "DEBUG", "log_level", "debug"),

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Idempotent setup of what Plexus itself and `make demo` need: the Debian packages, then
+# .venv with Plexus installed (editable) and its gRPC stubs. scripts/setup.sh runs this
+# first and adds the test tiers' extras.
+#   scripts/setup-base.sh          the demo's venv: Plexus and grpcio-tools (the [protos] extra)
+#   scripts/setup-base.sh --dev    the test venv: Plexus with the [dev] extras
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras=base
+[[ ${1:-} == --dev ]] && extras=dev
+
+# gcc, libc6-dev: install-cni compiles the static shim. python3-venv: Debian's python3.11
+# has no ensurepip without it, so `-m venv` fails.
+scripts/apt-install.sh containernetworking-plugins iproute2 iputils-ping gcc libc6-dev python3-venv
+
+# The real interpreter, not a pyenv shim (the shim costs ~100 ms per exec).
+PYTHON=$(python3.11 -c 'import sys; print(sys.executable)')
+stamp=.venv/.plexus-setup
+digest=$(sha256sum pyproject.toml | cut -d' ' -f1)
+have=$(cat "$stamp" 2>/dev/null || true)
+# A dev venv serves the demo too; a base venv is upgraded in place for the tests.
+if [[ ! -x .venv/bin/python3 ]] || { [[ $have != "$digest dev" ]] && [[ $have != "$digest $extras" ]]; }; then
+    echo "setup: building .venv ($extras) with $PYTHON"
+    "$PYTHON" -m venv .venv
+    # --no-compile: byte-compiling every module (the kubernetes client has thousands) at
+    # install costs ~15 s of CPU; Python compiles what it imports on first use instead.
+    .venv/bin/pip install -q --no-compile -e ".[$([[ $extras == dev ]] && echo dev || echo protos)]"
+    echo "$digest $extras" > "$stamp"
+fi
+test -x .venv/bin/plexus
+
+# gRPC stubs from the .proto files (build outputs, not in git); regenerated only when a .proto changes.
+.venv/bin/python3 scripts/gen-protos.py
