@@ -9,6 +9,7 @@ locks, readiness, device-info files, default routes in the pod's namespace).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from cni.cache import CacheEntry
 from cni.env import CmdArgs
@@ -78,11 +79,18 @@ class Engine:
                     delegates=delegates,
                 )
             )
+            # The record's sync runs while the delegates work, the result cache's while
+            # network-status is written: the ADD waits only for what is left of them.
+            record_sync = self.node.start_sync(args.container_id, [])
             results = self._attach_all(args, delegates, plan, log)
-            self._make_durable(args, delegates, log)
+            cache_sync = self.node.start_sync(args.container_id, self._cache_files(args, delegates))
             try:
                 self._write_status(pod, delegates, results, log)
+                with log.step("sync state to disk", files=len(delegates) + 1):
+                    record_sync.wait()
+                    cache_sync.wait()
             except CNIError:
+                # A failed sync too: a crash could then lose what this ADD attached.
                 self._rollback(args, delegates, log)
                 raise
             self._announce(pod, delegates, results)
@@ -104,19 +112,11 @@ class Engine:
                 "DEL it first",
             )
 
-    def _make_durable(self, args: CmdArgs, delegates: list[Delegate], log: StepLogger) -> None:
-        """Sync this ADD's record and result-cache files to disk; undo the ADD if that
-        fails, since a crash could then lose what it attached."""
-        files = [
+    def _cache_files(self, args: CmdArgs, delegates: list[Delegate]) -> list[Path]:
+        return [
             self.runtime.cache.path(d.network_config().name, args.container_id, d.ifname)
             for d in delegates
         ]
-        try:
-            with log.step("sync state to disk", files=len(files) + 1):
-                self.node.make_durable(args.container_id, files)
-        except CNIError:
-            self._rollback(args, delegates, log)
-            raise
 
     def _attach_all(
         self, args: CmdArgs, delegates: list[Delegate], plan: routes.RoutePlan, log: StepLogger

@@ -47,17 +47,14 @@ class Node:
         self.ranges.note(d.config for d in record.delegates)
         self.records.save(record)
 
-    def make_durable(self, container_id: str, cache_files: list[Path]) -> None:
-        """fsync the container's record and its result-cache files (and their
-        directories): a crash after ADD returns leaves them whole on disk."""
-        try:
-            fileio.make_durable([self.records.path(container_id), *cache_files])
-        except OSError as exc:
-            raise CNIError(
-                ErrorCode.IO_FAILURE,
-                f"cannot make the state of container {container_id} durable in {self.conf.cni_dir}",
-                str(exc),
-            ) from exc
+    def start_sync(self, container_id: str, cache_files: list[Path]) -> Durability:
+        """Start fsyncing the container's record and its result-cache files (and their
+        directories): once wait() returns, a crash leaves them whole on disk."""
+        return Durability(
+            self.conf.cni_dir,
+            container_id,
+            fileio.start_sync([self.records.path(container_id), *cache_files]),
+        )
 
     def release_unowned_leases(
         self, valid_ids: set[str], log: StepLogger
@@ -205,3 +202,23 @@ class Node:
             deviceinfo.clean(self.conf.device_info_dir, path)
         except CNIError as exc:
             log.warning("device-info not removed", network=delegate.network, error=str(exc))
+
+
+class Durability:
+    """A container's state being synced to disk (Node.start_sync)."""
+
+    def __init__(self, cni_dir: str, container_id: str, pending: fileio.PendingSync) -> None:
+        self._where = cni_dir
+        self.container_id = container_id
+        self._pending = pending
+
+    def wait(self) -> None:
+        """Return once the state is on disk; code 5 if the disk refused."""
+        try:
+            self._pending.wait()
+        except OSError as exc:
+            raise CNIError(
+                ErrorCode.IO_FAILURE,
+                f"cannot make the state of container {self.container_id} durable in {self._where}",
+                str(exc),
+            ) from exc
