@@ -14,25 +14,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from tests.cluster.apiserver import Cluster
 from tests.cluster.test_daemon_kube import STATUS, KubeNode, eventually
+from tests.cluster.test_daemon_kube import kube as kube  # the fixture
 from tests.cluster.webhook import EventHold
-from tests.netns.conftest import Node, sh
+from tests.netns.conftest import sh
 from tests.netns.daemon import Daemon
 
 # Generous: the bound is 2 s; before it, a black-holed server held an ADD 10 s per write.
 WELL_UNDER_THE_OLD_WAIT = 8.0
-
-
-@pytest.fixture
-def kube(node: Node, cluster: Cluster, namespace: str) -> Iterator[KubeNode]:
-    k = KubeNode(node, cluster, namespace)
-    try:
-        yield k
-    finally:
-        k.close()
 
 
 def _restart(kube: KubeNode, **conf: Any) -> None:
