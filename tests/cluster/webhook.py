@@ -102,7 +102,7 @@ class EventHold:
                 f"/api/v1/namespaces/{self.namespace}/events",
                 {
                     "metadata": {"generateName": "probe."},
-                    "involvedObject": {"kind": "Namespace", "name": self.namespace},
+                    "involvedObject": {"kind": "Pod", "namespace": self.namespace, "name": "probe"},
                     "reason": "Probe",
                     "message": "is the webhook in force?",
                 },
