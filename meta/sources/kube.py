@@ -44,6 +44,11 @@ def _pod(obj: dict[str, Any]) -> Pod:
     )
 
 
+def _uid_mismatch(exc: APIError) -> bool:
+    """The UID precondition failed: the pod was deleted and made again under its name."""
+    return exc.status == 422 and "metadata.uid" in str(exc)
+
+
 def _nad(obj: dict[str, Any]) -> NetworkAttachmentDefinition:
     meta = obj.get("metadata", {})
     return NetworkAttachmentDefinition(
@@ -253,7 +258,7 @@ class KubeSource:
         try:
             send(self.write_timeout)
         except (APIError, OSError) as exc:
-            if isinstance(exc, APIError) and exc.status in (404, 409):
+            if isinstance(exc, APIError) and (exc.status == 404 or _uid_mismatch(exc)):
                 log.warning(
                     "pod gone or replaced; network-status not written", extra={"what": what}
                 )
