@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from tests.cluster.apiserver import ApiError
 from tests.cluster.test_daemon_kube import STATUS, KubeNode, eventually
 from tests.cluster.test_daemon_kube import kube as kube  # the fixture
 from tests.cluster.webhook import EventHold
@@ -137,3 +138,28 @@ def test_full_write_queue_drops_events_first_and_counts_them(kube: KubeNode) -> 
     eventually(lambda: _status(kube, "full") == _want(kube), "network-status")
     eventually(lambda: len(_added(kube, "full")) == 1, "the queued event")
     assert _added(kube, "full")[0].startswith("Add eth0 ")
+
+
+def test_queued_status_never_lands_on_a_newer_pod_of_the_same_name(kube: KubeNode) -> None:
+    kube.nad("macvlan-net", kube.node.macvlan_conf())
+    uid = _pod_in_cache(kube, "again", "macvlan-net")
+    dropped = "plexus_api_writes_dropped_total"
+
+    with _black_hole(kube):
+        _timed_add(kube, "again", uid)  # its status waits in the queue, for this UID
+        path = f"/api/v1/namespaces/{kube.namespace}/pods/again"
+        kube.cluster.request("DELETE", path, query={"gracePeriodSeconds": "0"})  # no kubelet
+        eventually(lambda: _gone(kube, "again"), "the pod's deletion")
+        newer = kube.pod("again", "macvlan-net")
+    assert newer != uid
+
+    eventually(lambda: kube.daemon.metric(dropped, kind="status", reason="rejected") == 1, "drop")
+    assert _status(kube, "again") == []
+
+
+def _gone(kube: KubeNode, pod: str) -> bool:
+    try:
+        kube.get_pod(pod)
+    except ApiError as err:
+        return err.status == 404
+    return False
