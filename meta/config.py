@@ -19,6 +19,8 @@ DEFAULT_CNI_DIR = "/var/lib/cni/plexus"
 DEFAULT_CONF_DIR = "/etc/cni/multus/net.d"
 DEFAULT_GLOBAL_NAMESPACES = ("default",)
 """Multus's globalNamespaces when it is unset or empty (GetDefaultNetConf)."""
+DEFAULT_WRITE_TIMEOUT = 2.0  # apiWriteTimeout, seconds
+DEFAULT_WRITE_BACKLOG = 1024  # the daemon's apiWriteBacklog: API writes waiting in the background
 
 CNI_KEYS = frozenset(
     {
@@ -46,6 +48,7 @@ DAEMON_KEYS = frozenset(
         "maxConcurrentRequests",
         "cniConfigDir",
         "generatedConfigName",
+        "apiWriteBacklog",
     }
 )
 """meta.daemon.config.DaemonConfig's own keys (the shim reads socketDir from every call)."""
@@ -82,6 +85,9 @@ class MetaConfig(BaseModel):
     delegate_timeout: float = Field(30.0, alias="delegateTimeoutSeconds", gt=0, le=600)
     daemon_wait: float = Field(10.0, alias="daemonWaitSeconds", ge=0, le=600)
     kubeconfig: str = ""
+    # An ADD waits this long for its network-status write; the daemon then leaves it to
+    # its background queue, thin mode fails with code 11 (README: The node daemon).
+    api_write_timeout: float = Field(DEFAULT_WRITE_TIMEOUT, alias="apiWriteTimeout", gt=0, le=60)
     cluster_dir: str = Field("", alias="clusterDir")
     device_info_dir: str = Field(deviceinfo.DEFAULT_DIR, alias="deviceInfoDir")
     pod_resources_socket: str = Field(client.DEFAULT_SOCKET, alias="podResourcesSocket")

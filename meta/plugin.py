@@ -13,7 +13,7 @@ from cni.invoke import ExecExecutor, Executor, find_plugin
 from cni.logs import StepLogger
 from cni.result import Result
 from cni.runtime import CNIRuntime
-from meta.config import MetaConfig, load_meta_config
+from meta.config import DEFAULT_WRITE_BACKLOG, MetaConfig, load_meta_config
 from meta.devices import DeviceSource
 from meta.engine import Engine
 from meta.install import SHIM_NAME
@@ -23,11 +23,17 @@ from meta.podresources.client import PodResourcesClient
 from meta.sources.base import ClusterSource
 
 
-def source_for(conf: MetaConfig, node_name: str = "", daemon: bool = False) -> ClusterSource | None:
+def source_for(
+    conf: MetaConfig,
+    node_name: str = "",
+    daemon: bool = False,
+    backlog: int = DEFAULT_WRITE_BACKLOG,
+) -> ClusterSource | None:
     """The cluster source a config names: the embedded store, the API server, or none.
 
-    The daemon keeps informer caches and may use the in-cluster service account;
-    thin mode reads the API server directly, only with an explicit kubeconfig.
+    The daemon keeps informer caches and a background writer of `backlog` writes, and
+    may use the in-cluster service account; thin mode reads the API server directly,
+    only with an explicit kubeconfig.
     """
     if conf.cluster_dir:
         from meta.sources.store import EmbeddedStore
@@ -37,7 +43,13 @@ def source_for(conf: MetaConfig, node_name: str = "", daemon: bool = False) -> C
         from meta.sources.kube import KubeSource
         from meta.sources.kubeapi import KubeAPI
 
-        return KubeSource(KubeAPI(conf.kubeconfig), node_name, informers=daemon)
+        return KubeSource(
+            KubeAPI(conf.kubeconfig),
+            node_name,
+            informers=daemon,
+            write_timeout=conf.api_write_timeout,
+            backlog=backlog,
+        )
     return None
 
 

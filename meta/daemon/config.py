@@ -9,7 +9,7 @@ from pydantic import Field, ValidationError
 
 from cni.errors import CNIError, ErrorCode
 from cni.models import validation_details
-from meta.config import MetaConfig
+from meta.config import DEFAULT_WRITE_BACKLOG, MetaConfig
 
 DEFAULT_SOCKET_DIR = "/run/plexus"
 GENERATED_NAME = "00-plexus.conflist"
@@ -24,6 +24,7 @@ class DaemonConfig(MetaConfig):
     max_concurrent_requests: int = Field(32, alias="maxConcurrentRequests", ge=1, le=1024)
     cni_conf_dir: str = Field("", alias="cniConfigDir")
     generated_name: str = Field(GENERATED_NAME, alias="generatedConfigName")
+    api_write_backlog: int = Field(DEFAULT_WRITE_BACKLOG, alias="apiWriteBacklog", ge=1, le=65536)
 
 
 def load_daemon_config(path: str | Path) -> DaemonConfig:

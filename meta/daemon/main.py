@@ -27,8 +27,9 @@ def run_daemon(config_path: str, node_name: str) -> int:
     logs.configure(conf.log_level, conf.log_file, conf.log_to_stderr)
     metrics = Metrics()
     logging.getLogger(logs.LOGGER_NAME).addHandler(metrics.step_handler())
-    source = source_for(conf, node_name, daemon=True)
+    source = source_for(conf, node_name, daemon=True, backlog=conf.api_write_backlog)
     if isinstance(source, KubeSource):
+        metrics.track_source(source)
         source.start()
     ready = threading.Event()
     plugin = MetaPlugin(source=source, configure_logging=False, ready=ready.is_set)

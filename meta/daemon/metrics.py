@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:  # the store-backed daemon never loads the API client
+    from meta.sources.kube import KubeSource
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -42,6 +46,37 @@ class Metrics:
             buckets=_BUCKETS,
             registry=self.registry,
         )
+
+        self.writes_queued = Gauge(
+            "plexus_api_writes_queued",
+            "API writes (events, delayed network-status) waiting in the background queue",
+            registry=self.registry,
+        )
+        self.writes_dropped = Counter(
+            "plexus_api_writes_dropped",
+            "API writes given up on, by kind (status, event) and reason "
+            "(full, expired, rejected, gone)",
+            ["kind", "reason"],
+            registry=self.registry,
+        )
+
+        self.cached = Gauge(
+            "plexus_informer_objects",
+            "Objects in the informer caches, by resource",
+            ["resource"],
+            registry=self.registry,
+        )
+
+    def track_source(self, source: KubeSource) -> None:
+        """Export the informer cache sizes and the background writer's queue; count its drops."""
+        for resource, informer in (("pods", source.pods), ("nads", source.nads)):
+            if informer is not None:
+                self.cached.labels(resource=resource).set_function(informer.size)
+        if source.writer is not None:
+            self.writes_queued.set_function(source.writer.depth)
+            source.writer.on_drop = lambda kind, reason: self.writes_dropped.labels(
+                kind=kind, reason=reason
+            ).inc()
 
     def step_handler(self) -> logging.Handler:
         """A log handler that turns the engine's delegate steps into latency samples."""

@@ -64,9 +64,17 @@ class ClusterSource(Protocol):
         ...
 
     def set_network_status(self, pod: Pod, value: str) -> None:
-        """Write the network-status annotation value; a pod that is gone is not an error."""
+        """Write the network-status annotation value; a pod that is gone is not an error.
+
+        Returns within a short bound: a source with a background writer hands a write
+        the server has not answered by then to it (the call succeeds).
+        """
         ...
 
     def record_event(self, pod: Pod, type_: str, reason: str, message: str) -> None:
-        """Record a pod event; `type_` is "Normal" or "Warning"."""
+        """Record a pod event; `type_` is "Normal" or "Warning".
+
+        Best effort and never in the caller's way: a source may write it later (the API
+        server's, from a background queue); a failure is logged, never raised.
+        """
         ...

@@ -1,14 +1,15 @@
 """The Kubernetes cluster source: informer caches for NADs and this node's pods.
 
-In the daemon, list+watch keeps both caches warm, so an ADD makes no GET; the
-network-status is one merge PATCH on `pods/status`, retried in the background
-when the API server is away. Without informers (thin mode) look-ups are GETs.
+In the daemon, list+watch keeps both caches warm, so an ADD makes no GET. The
+network-status is one merge PATCH on `pods/status` made during the ADD, bounded by
+`write_timeout`; past that it continues in the background writer (writes.py), where
+events always go. Without informers (thin mode) look-ups are GETs and writes are
+one bounded attempt each.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 import urllib.parse
@@ -17,8 +18,10 @@ from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
 
 from cni.errors import CNIError, ErrorCode
+from meta.config import DEFAULT_WRITE_BACKLOG, DEFAULT_WRITE_TIMEOUT
 from meta.sources.base import NetworkAttachmentDefinition, Pod
 from meta.sources.kubeapi import APIError, KubeAPI
+from meta.sources.writes import BackgroundWriter, Write, retriable
 from meta.status import NETWORK_STATUS_ANNOTATION
 
 log = logging.getLogger("plexus.kube")
@@ -27,8 +30,7 @@ NAD_PATH = "/apis/k8s.cni.cncf.io/v1/network-attachment-definitions"
 POD_PATH = "/api/v1/pods"
 WATCH_SECONDS = 300
 POD_WAIT_SECONDS = 3.0
-BACKLOG = 1024  # status writes and events waiting for an unreachable API server
-RETRY_FOR_SECONDS = 300.0
+STOP_GRACE_SECONDS = 3.0  # for queued writes when the daemon stops
 
 
 def _pod(obj: dict[str, Any]) -> Pod:
@@ -40,6 +42,11 @@ def _pod(obj: dict[str, Any]) -> Pod:
         annotations=meta.get("annotations") or {},
         node_name=(obj.get("spec") or {}).get("nodeName", ""),
     )
+
+
+def _uid_mismatch(exc: APIError) -> bool:
+    """The UID precondition failed: the pod was deleted and made again under its name."""
+    return exc.status == 422 and "metadata.uid" in str(exc)
 
 
 def _nad(obj: dict[str, Any]) -> NetworkAttachmentDefinition:
@@ -92,6 +99,9 @@ class Informer(Generic[T]):
 
     def get(self, namespace: str, name: str) -> T | None:
         return self.items.get((namespace, name))
+
+    def size(self) -> int:
+        return len(self.items)
 
     def _url(self, **extra: str) -> str:
         return f"{self.path}?{urllib.parse.urlencode({**self.query, **extra})}"
@@ -154,27 +164,39 @@ class Informer(Generic[T]):
 class KubeSource:
     """ClusterSource backed by the API server."""
 
-    def __init__(self, api: KubeAPI, node_name: str = "", informers: bool = False) -> None:
+    def __init__(
+        self,
+        api: KubeAPI,
+        node_name: str = "",
+        informers: bool = False,
+        write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+        backlog: int = DEFAULT_WRITE_BACKLOG,
+    ) -> None:
         self.api = api
         self.node_name = node_name
         self.nads: Informer[NetworkAttachmentDefinition] | None = None
         self.pods: Informer[Pod] | None = None
-        self._backlog: queue.Queue[tuple[str, Callable[[], None], float]] = queue.Queue(BACKLOG)
+        self.write_timeout = write_timeout
+        self.writer: BackgroundWriter | None = None
         if informers:
             query = {"fieldSelector": f"spec.nodeName={node_name}"} if node_name else {}
             self.pods = Informer(api, POD_PATH, query, _pod)
             self.nads = Informer(api, NAD_PATH, {}, _nad)
-            threading.Thread(target=self._drain, name="kube-writer", daemon=True).start()
+            self.writer = BackgroundWriter(backlog, api.timeout)
 
     def start(self) -> None:
         for informer in (self.pods, self.nads):
             if informer is not None:
                 informer.start()
+        if self.writer is not None:
+            self.writer.start()
 
     def stop(self) -> None:
         for informer in (self.pods, self.nads):
             if informer is not None:
                 informer.stop()
+        if self.writer is not None:
+            self.writer.close(STOP_GRACE_SECONDS)
 
     def synced(self) -> bool:
         return all(i is None or i.synced.is_set() for i in (self.pods, self.nads))
@@ -221,12 +243,40 @@ class KubeSource:
 
     def set_network_status(self, pod: Pod, value: str) -> None:
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
-        body = {"metadata": {"annotations": {NETWORK_STATUS_ANNOTATION: value}}}
+        metadata: dict[str, Any] = {"annotations": {NETWORK_STATUS_ANNOTATION: value}}
+        if pod.uid:
+            metadata["uid"] = pod.uid  # a precondition: never the status of a newer namesake
+        body = {"metadata": metadata}
 
-        def write() -> None:
-            self.api.request("PATCH", path, body, content_type="application/merge-patch+json")
+        def send(timeout: float) -> None:
+            self.api.request(
+                "PATCH", path, body, content_type="application/merge-patch+json", timeout=timeout
+            )
 
-        self._write(f"network-status of {pod.namespace}/{pod.name}", write)
+        what = f"network-status of {pod.namespace}/{pod.name}"
+        key = (pod.namespace, pod.name)
+        try:
+            send(self.write_timeout)
+        except (APIError, OSError) as exc:
+            if isinstance(exc, APIError) and (exc.status == 404 or _uid_mismatch(exc)):
+                log.warning(
+                    "pod gone or replaced; network-status not written", extra={"what": what}
+                )
+                return
+            if not retriable(exc):
+                raise CNIError(ErrorCode.IO_FAILURE, f"writing {what} failed", str(exc)) from exc
+            if self.writer is None:
+                raise CNIError(
+                    ErrorCode.TRY_AGAIN_LATER, f"writing {what} failed", str(exc)
+                ) from exc
+            self.writer.put_status(key, Write("status", what, send))
+            log.warning(
+                "network-status not written within the bound; queued",
+                extra={"what": what, "bound_s": self.write_timeout, "error": str(exc)},
+            )
+            return
+        if self.writer is not None:
+            self.writer.discard_status(key)  # an older value still queued must not land later
 
     def record_event(self, pod: Pod, type_: str, reason: str, message: str) -> None:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -250,49 +300,16 @@ class KubeSource:
             "reportingInstance": self.node_name or "plexus",
         }
 
-        def write() -> None:
-            self.api.request("POST", f"/api/v1/namespaces/{pod.namespace}/events", event)
-
-        self._write(f"event {reason} on {pod.namespace}/{pod.name}", write)
-
-    def _write(self, what: str, write: Callable[[], None]) -> None:
-        """Write now; when the API server is away, hand it to the background writer (daemon)."""
-        try:
-            write()
-            return
-        except APIError as exc:
-            if exc.status == 404:
-                log.warning("object gone; not written", extra={"what": what})
-                return
-            if exc.status < 500 and exc.status != 429:
-                raise CNIError(ErrorCode.IO_FAILURE, f"writing {what} failed", str(exc)) from exc
-            error: Exception = exc
-        except OSError as exc:
-            error = exc
-        if self.pods is None:
-            raise CNIError(ErrorCode.TRY_AGAIN_LATER, f"writing {what} failed", str(error))
-        try:
-            self._backlog.put_nowait((what, write, time.monotonic() + RETRY_FOR_SECONDS))
-            log.warning(
-                "API server unavailable; write queued", extra={"what": what, "error": str(error)}
+        def send(timeout: float) -> None:
+            self.api.request(
+                "POST", f"/api/v1/namespaces/{pod.namespace}/events", event, timeout=timeout
             )
-        except queue.Full:
-            log.error("write backlog full; dropped", extra={"what": what})
 
-    def _drain(self) -> None:
-        while True:
-            what, write, deadline = self._backlog.get()
-            delay = 0.5
-            while True:
-                try:
-                    write()
-                    log.info("queued write done", extra={"what": what})
-                    break
-                except (APIError, OSError) as exc:
-                    if time.monotonic() > deadline or (
-                        isinstance(exc, APIError) and exc.status < 500
-                    ):
-                        log.error("queued write abandoned", extra={"what": what, "error": str(exc)})
-                        break
-                    time.sleep(delay)
-                    delay = min(delay * 2, 10.0)
+        what = f"event {reason} on {pod.namespace}/{pod.name}"
+        if self.writer is not None:
+            self.writer.put_event(Write("event", what, send))
+            return
+        try:  # thin mode: no thread outlives the call, so one bounded try
+            send(self.write_timeout)
+        except (APIError, OSError) as exc:
+            log.warning("event not recorded", extra={"what": what, "error": str(exc)})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -112,6 +112,14 @@ def _events(kube: KubeNode, namespace: str = "") -> list[dict[str, Any]]:
     return items
 
 
+def eventually(condition: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
+    """Wait until `condition()` holds: events, for one, are written in the background."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not seen in {timeout:.0f} s"
+        time.sleep(0.1)
+
+
 def test_add_writes_network_status_with_no_get_and_one_status_write(kube: KubeNode) -> None:
     kube.nad("macvlan-net", kube.node.macvlan_conf())
     uid = kube.pod("web", "macvlan-net")
@@ -134,6 +142,7 @@ def test_add_writes_network_status_with_no_get_and_one_status_write(kube: KubeNo
     ]
     assert [c for c in calls if c[0] == "get"] == []
     assert calls.count(("patch", "pods", "status")) == 1
+    eventually(lambda: len(_events(kube)) >= 2, "events")
     reasons = sorted(e["reason"] for e in _events(kube))
     assert reasons == ["AddedInterface", "AddedInterface"]
 
@@ -169,7 +178,7 @@ def test_nad_created_updated_and_deleted_while_running(kube: KubeNode) -> None:
     error = json.loads(third.stdout)
     assert third.returncode == 1 and f"{kube.namespace}/late" in error["msg"]
     assert kube.node.links(netns) == ["lo"]
-    assert "NoNetworkFound" in [e["reason"] for e in _events(kube)]
+    eventually(lambda: "NoNetworkFound" in [e["reason"] for e in _events(kube)], "NoNetworkFound")
 
 
 def test_nad_in_another_namespace_with_isolation_on_and_off(kube: KubeNode) -> None:
@@ -294,8 +303,9 @@ def test_annotation_change_hot_plugs_networks(kube: KubeNode) -> None:
     )
     assert _status_when(kube, "hp", 2) == [("default-net", "eth0"), (f"{ns}/net-b", "net2")]
     assert kube.node.links(netns) == ["eth0", "lo", "net2"]
+    removed = ("RemovedInterface", f"Remove net1 from {ns}/net-a")
+    eventually(lambda: removed in [(e["reason"], e["message"]) for e in _events(kube)], "removal")
     reasons = [(e["reason"], e["message"]) for e in _events(kube)]
-    assert ("RemovedInterface", f"Remove net1 from {ns}/net-a") in reasons
     assert any(r == "AddedInterface" and m.startswith("Add net2 [10.97.") for r, m in reasons)
 
 

@@ -122,6 +122,10 @@ def test_pod_gets_bridge_and_macvlan_through_the_kubelet(
     (container,) = kn.containers(sandbox.id)
     assert container.metadata.name == "app"
 
+    kn.wait_for(
+        "AddedInterface events",
+        lambda: len(events(kn.cluster, namespace, uid, "AddedInterface")) == 2,
+    )  # written in the background
     added = events(kn.cluster, namespace, uid, "AddedInterface")
     assert sorted(added) == sorted(
         [

@@ -91,6 +91,7 @@ EVERY_KEY: list[tuple[str, Any, str, Any]] = [
     ("podResourcesSocket", "/run/kubelet.sock", "pod_resources_socket", "/run/kubelet.sock"),
     ("deviceCheckpointFile", "/run/checkpoint", "device_checkpoint_file", "/run/checkpoint"),
     ("deviceInfoDir", "/run/devinfo", "device_info_dir", "/run/devinfo"),
+    ("apiWriteTimeout", 0.5, "api_write_timeout", 0.5),
 ]
 
 

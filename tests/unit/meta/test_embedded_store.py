@@ -368,12 +368,11 @@ def test_concurrent_events_all_land(tmp_path: Path) -> None:
     assert messages == sorted(f"{i}-{j}" for i in range(8) for j in range(20))
 
 
-def test_event_write_failure_is_an_io_failure(tmp_path: Path) -> None:
+def test_event_write_failure_is_logged_not_raised(tmp_path: Path) -> None:
+    """Events are best effort for every source: a failed append never fails the call."""
     store = EmbeddedStore(tmp_path / "nope")
-    with pytest.raises(CNIError) as caught:
-        store.record_event(Pod(namespace="d", name="p"), "Normal", "R", "m")
-    assert caught.value.code == ErrorCode.IO_FAILURE
-    assert EVENTS_FILE in caught.value.msg
+    store.record_event(Pod(namespace="d", name="p"), "Normal", "R", "m")
+    assert not (tmp_path / "nope").exists()
 
 
 def test_store_files_are_not_objects(tmp_path: Path, store: EmbeddedStore) -> None:

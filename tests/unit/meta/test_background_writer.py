@@ -1,0 +1,131 @@
+"""The daemon's background API writer: coalescing, bounds, drops, retries."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from meta.sources.kubeapi import APIError
+from meta.sources.writes import BackgroundWriter, Write
+
+
+@pytest.fixture
+def drops() -> list[tuple[str, str]]:
+    return []
+
+
+@pytest.fixture
+def writer(drops: list[tuple[str, str]]) -> Iterator[BackgroundWriter]:
+    w = BackgroundWriter(capacity=3, timeout=1.0)
+    w.on_drop = lambda kind, reason: drops.append((kind, reason))
+    yield w
+    w.close(0)
+
+
+def _write(
+    kind: str, log: list[str], name: str, fail: Callable[[], object] = lambda: None
+) -> Write:
+    def send(timeout: float) -> None:
+        fail()
+        log.append(name)
+
+    return Write(kind, name, send)
+
+
+def _wait(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_pods_status_writes_coalesce_to_the_latest(writer: BackgroundWriter) -> None:
+    sent: list[str] = []
+    writer.put_status(("ns", "p"), _write("status", sent, "old"))
+    writer.put_status(("ns", "p"), _write("status", sent, "new"))
+    assert writer.depth() == 1
+    writer.start()
+    _wait(lambda: writer.depth() == 0)
+    assert sent == ["new"]
+
+
+def test_statuses_go_first_then_events_in_order(writer: BackgroundWriter) -> None:
+    sent: list[str] = []
+    writer.put_event(_write("event", sent, "e1"))
+    writer.put_event(_write("event", sent, "e2"))
+    writer.put_status(("ns", "p"), _write("status", sent, "s"))
+    writer.start()
+    _wait(lambda: writer.depth() == 0)
+    assert sent == ["s", "e1", "e2"]
+
+
+def test_full_queue_drops_events_and_a_status_evicts_the_newest_event(
+    writer: BackgroundWriter, drops: list[tuple[str, str]]
+) -> None:
+    sent: list[str] = []
+    for name in ("e1", "e2", "e3", "e4"):
+        writer.put_event(_write("event", sent, name))
+    assert drops == [("event", "full")]
+    writer.put_status(("ns", "p"), _write("status", sent, "s"))
+    writer.put_status(("ns", "q"), _write("status", sent, "t"))
+    writer.put_status(("ns", "r"), _write("status", sent, "u"))
+    writer.put_status(("ns", "x"), _write("status", sent, "v"))
+    assert drops == [("event", "full")] * 4 + [("status", "full")]
+    writer.start()
+    _wait(lambda: writer.depth() == 0)
+    assert sent == ["s", "t", "u"]
+
+
+def test_unreachable_server_is_retried_until_it_answers(writer: BackgroundWriter) -> None:
+    sent: list[str] = []
+    failures = [ConnectionError("refused"), APIError(503, "unavailable")]
+
+    def fail() -> None:
+        if failures:
+            raise failures.pop(0)
+
+    writer.put_event(_write("event", sent, "e", fail))
+    writer.start()
+    _wait(lambda: sent == ["e"])
+    assert writer.depth() == 0
+
+
+@pytest.mark.parametrize(("status", "reason"), [(403, "rejected"), (404, "gone")])
+def test_refused_writes_are_not_retried(
+    writer: BackgroundWriter, drops: list[tuple[str, str]], status: int, reason: str
+) -> None:
+    attempts: list[str] = []
+
+    def fail() -> None:
+        attempts.append("try")
+        raise APIError(status, "no")
+
+    writer.put_event(_write("event", [], "e", fail))
+    writer.start()
+    _wait(lambda: writer.depth() == 0)
+    assert attempts == ["try"] and drops == [("event", reason)]
+
+
+def test_writes_past_their_deadline_expire(
+    writer: BackgroundWriter, drops: list[tuple[str, str]]
+) -> None:
+    sent: list[str] = []
+    stale = _write("event", sent, "stale")
+    stale.deadline = time.monotonic() - 1
+    writer.put_event(stale)
+    writer.start()
+    _wait(lambda: writer.depth() == 0)
+    assert sent == [] and drops == [("event", "expired")]
+
+
+def test_close_gives_waiting_writes_their_grace(writer: BackgroundWriter) -> None:
+    sent: list[str] = []
+    gate = threading.Event()
+    writer.put_event(_write("event", sent, "e", lambda: gate.wait(5)))
+    writer.start()
+    threading.Timer(0.2, gate.set).start()
+    writer.close(10)
+    assert sent == ["e"]
