@@ -17,7 +17,6 @@ from meta.daemon.metrics import Metrics
 from meta.daemon.server import SocketServer
 from meta.plugin import MetaPlugin, source_for
 from meta.sources.kube import KubeSource
-from meta.sources.store import EmbeddedStore
 
 log = logging.getLogger("plexus.daemon")
 
@@ -34,11 +33,15 @@ def run_daemon(config_path: str, node_name: str) -> int:
     plugin = MetaPlugin(source=source, configure_logging=False)
     hotplug = HotplugWorker(plugin, conf)
     poller: StorePoller | None = None
-    if isinstance(source, KubeSource) and source.pods is not None:
-        source.pods.listeners.append(hotplug.pod_changed)
-    elif isinstance(source, EmbeddedStore):
-        poller = StorePoller(source, hotplug.pod_changed)
-        poller.start()
+    if isinstance(source, KubeSource):
+        if source.pods is not None:
+            source.pods.listeners.append(hotplug.pod_changed)
+    else:
+        from meta.sources.store import EmbeddedStore  # not imported with the API: ~1 MiB
+
+        if isinstance(source, EmbeddedStore):
+            poller = StorePoller(source, hotplug.pod_changed)
+            poller.start()
     hotplug.start()
     server = SocketServer(conf.socket_dir, plugin, metrics, conf.max_concurrent_requests)
     server.bind()

@@ -275,8 +275,8 @@ class Thick:
                 {
                     "cniVersion": "1.0.0",
                     "name": "plexus",
+                    "type": "plexus",
                     "kubeconfig": str(config_path),
-                    "clusterDir": "",
                     "cniConfigDir": str(net_dir),
                     "binDir": str(self.bench.bin),
                     "cniDir": str(root / "plexus-cache"),
