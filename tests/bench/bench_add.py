@@ -12,7 +12,6 @@ namespace. Prints a markdown table of medians.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import tempfile
@@ -21,7 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tests.bench.common import Bench, baseline, one_add, raw_add
+from tests.bench.common import Bench, arguments, baseline, one_add, raw_add
 
 
 def shim_round_trip(runs: int) -> dict[str, float]:
@@ -119,11 +118,8 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--extras", default="1,2,4,8")
-    args = parser.parse_args()
-    rows = measure(args.runs, [int(x) for x in args.extras.split(",")])
+    args = arguments(__doc__)
+    rows = measure(args.runs, args.extras)
     print(render(rows))
     print(
         f"\nmedians of {args.runs} runs; `ip netns exec` baseline "

@@ -23,7 +23,6 @@ the apiserver on that namespace's loopback), and everything it creates is remove
 
 from __future__ import annotations
 
-import argparse
 import base64
 import collections
 import json
@@ -44,7 +43,7 @@ from typing import Any
 import yaml
 
 from delegates.netns import run_in_netns
-from tests.bench.common import GO_TOOLS, Bench, baseline, one_add, raw_add, sh
+from tests.bench.common import GO_TOOLS, Bench, arguments, baseline, one_add, raw_add, sh
 from tests.cluster.apiserver import Cluster, audit_events
 
 NODE = "bench-node"
@@ -485,11 +484,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--extras", default="1,2,4,8")
-    args = parser.parse_args()
-    extras = [int(x) for x in args.extras.split(",")]
+    args = arguments(__doc__)
     missing = [
         b
         for b in ("etcd", "kube-apiserver", "multus", "multus-daemon", "multus-shim")
@@ -501,7 +496,7 @@ def main() -> None:
     bench = Bench(root)
     try:
         result = run_in_netns(
-            f"/run/netns/{bench.node}", partial(measure, bench, args.runs, extras)
+            f"/run/netns/{bench.node}", partial(measure, bench, args.runs, args.extras)
         )
     finally:
         bench.close()

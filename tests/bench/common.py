@@ -3,6 +3,7 @@ holding the reference plugins and Plexus's, the delegate configs, and timed CNI 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -17,6 +18,16 @@ from meta.install import install_binaries
 
 REFERENCE = Path("/usr/lib/cni")
 GO_TOOLS = Path(os.environ.get("PLEXUS_GO_TOOLS", "/var/cache/plexus-go-tools")) / "bin"
+
+
+def arguments(doc: str | None) -> argparse.Namespace:
+    """`--runs` (rounds per measurement) and `--extras` (secondary macvlan counts)."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument(
+        "--extras", default="1,2,4,8", type=lambda text: [int(x) for x in text.split(",")]
+    )
+    return parser.parse_args()
 
 
 def sh(*cmd: str) -> None:
