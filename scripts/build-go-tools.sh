@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the Go components the cluster tier and the benchmarks run: etcd, kube-apiserver,
-# kubelet, the Multus thin plugin and cnitool, from the Go module proxy.
+# kubelet, Multus (the thin plugin, and multus-daemon + multus-shim for thick mode) and
+# cnitool, from the Go module proxy.
 #
 # Idempotent. Binaries land outside the repo in $PLEXUS_GO_TOOLS (default
 # /var/cache/plexus-go-tools) as <name>-<version>/<binary>, with stable symlinks in
@@ -116,6 +117,12 @@ build multus "$MULTUS_VERSION" gopkg.in/k8snetworkplumbingwg/multus-cni.v4 \
     "-X gopkg.in/k8snetworkplumbingwg/multus-cni.v4/pkg/multus.version=$MULTUS_VERSION" \
     no_replaces multus=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus
 
+# Thick mode as its own entry, so adding it leaves a cached thin build untouched.
+build multus-thick "$MULTUS_VERSION" gopkg.in/k8snetworkplumbingwg/multus-cni.v4 \
+    "-X gopkg.in/k8snetworkplumbingwg/multus-cni.v4/pkg/multus.version=$MULTUS_VERSION" \
+    no_replaces multus-daemon=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-daemon \
+    multus-shim=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-shim
+
 build etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3 "" no_replaces \
     etcd=go.etcd.io/etcd/server/v3
 
@@ -123,6 +130,6 @@ build kubernetes "$KUBE_VERSION" k8s.io/kubernetes "$(kube_ldflags)" kube_replac
     kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
     kubelet=k8s.io/kubernetes/cmd/kubelet
 
-for b in cnitool multus etcd kube-apiserver kubelet; do
+for b in cnitool multus multus-daemon multus-shim etcd kube-apiserver kubelet; do
     printf '%-15s %s\n' "$b" "$(readlink -f "$ROOT/bin/$b")"
 done

@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from cni import callscope
 from cni.errors import CNIError
@@ -20,7 +21,9 @@ from meta.plugin import MetaPlugin
 from meta.records import RecordStore
 from meta.selection import NETWORKS_ANNOTATION
 from meta.sources.base import Pod
-from meta.sources.store import EmbeddedStore
+
+if TYPE_CHECKING:  # the store (and yaml) only loads when a config names one
+    from meta.sources.store import EmbeddedStore
 
 log = logging.getLogger("plexus.hotplug")
 

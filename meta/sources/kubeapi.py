@@ -1,6 +1,7 @@
 """A small Kubernetes API client over urllib3: JSON requests and watch streams.
 
-The official client is used only to load a kubeconfig or the in-cluster config;
+The official client is used only to load a kubeconfig or the in-cluster config (in a
+child process: see meta/sources/kubeconfig.py);
 requests go straight to the REST paths, so objects stay plain dicts and a watch
 is one streamed response read line by line.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 import urllib3
 
-from cni.errors import CNIError, ErrorCode
+from meta.sources.kubeconfig import Credentials
 
 
 class APIError(Exception):
@@ -29,24 +30,7 @@ class KubeAPI:
     """Authenticated JSON access to one API server."""
 
     def __init__(self, kubeconfig: str = "", timeout: float = 10.0) -> None:
-        from kubernetes import config as kube_config
-        from kubernetes.client import Configuration
-
-        cfg = Configuration()
-        try:
-            if kubeconfig:
-                kube_config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=kubeconfig, client_configuration=cfg
-                )
-            else:
-                kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
-                    client_configuration=cfg
-                )
-        except Exception as exc:  # the loaders raise several unrelated types
-            where = kubeconfig or "in-cluster service account"
-            raise CNIError(
-                ErrorCode.INVALID_CONFIG, f"cannot load Kubernetes config from {where}", str(exc)
-            ) from exc
+        cfg = Credentials(kubeconfig)
         self._cfg = cfg
         self.host = cfg.host.rstrip("/")
         self.timeout = timeout

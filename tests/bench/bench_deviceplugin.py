@@ -29,7 +29,7 @@ from deviceplugin.config import parse_config
 from deviceplugin.kubelet import deviceplugin_pb2 as pb
 from deviceplugin.plugin import DevicePluginRunner, PluginOptions, socket_name
 from deviceplugin.server import HostPaths
-from tests.bench.bench_add import sh
+from tests.bench.common import sh
 from tests.kubelet import next_until, plugin_stub, serve_registration
 from tests.unit.deviceplugin.fake_sysfs import FakeSysfs
 

@@ -23,7 +23,7 @@ from cni import skel
 from cni.env import cmd_args_from_env
 from delegates.macvlan import MacvlanPlugin
 from delegates.netns import run_in_netns
-from tests.bench.bench_add import Bench, baseline, sh
+from tests.bench.common import Bench, baseline, sh
 
 
 def _env(bench: Bench, verb: str, cid: str, netns: str) -> dict[str, str]:

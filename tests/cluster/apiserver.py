@@ -394,6 +394,15 @@ class Cluster:
         settled = datetime.fromisoformat(since).timestamp() + 2.05
         time.sleep(max(0.0, settled - time.time()))
 
+    def client_certificate(self, name: str, user: str, groups: Sequence[str] = ()) -> Path:
+        """A client cert + key (one PEM file) for `user` in `groups`, signed by the cluster CA."""
+        assert self.pki is not None
+        subject = "".join(f"/O={g}" for g in groups) + f"/CN={user}"
+        crt, key = self.pki._leaf(name, subject, "clientAuth")
+        pem = self.pki.root / f"{name}.pem"
+        pem.write_bytes(crt.read_bytes() + key.read_bytes())
+        return pem
+
     # -- REST ------------------------------------------------------------------------------
 
     def request(
