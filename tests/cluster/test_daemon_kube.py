@@ -225,8 +225,12 @@ def test_default_network_annotation_isolation_and_naming_as_multus(kube: KubeNod
         (f"{kube.namespace}/alt", "eth0"),
         (f"default/{shared}", "net1"),
     ]
-    added = [e["message"] for e in _events(kube) if e["reason"] == "AddedInterface"]
-    assert sorted(m.split(" from ")[1] for m in added) == [
+
+    def added() -> list[str]:
+        return [e["message"] for e in _events(kube) if e["reason"] == "AddedInterface"]
+
+    eventually(lambda: len(added()) >= 2, "AddedInterface events")
+    assert sorted(m.split(" from ")[1] for m in added()) == [
         f"default/{shared}",
         f"{kube.namespace}/alt",
     ]
