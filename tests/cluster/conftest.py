@@ -3,7 +3,8 @@
 The control plane starts lazily, on the first test that asks for `cluster`, and the tier
 skips when scripts/build-go-tools.sh has not built the binaries. `kubelet_node` adds a
 real node to it (tests/cluster/kubelet.py: kubelet + containerd + the Plexus daemon),
-once per module that asks for it.
+once per module that asks for it. `two_nodes` adds the controllers and two such nodes on a
+shared L2 (tests/cluster/twonodes.py), once per session, with Plexus installed on both.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster import kubelet
+from tests.cluster import kubelet, twonodes
 from tests.cluster.apiserver import TOOLS, Cluster, missing_binaries
 from tests.netns.conftest import node  # noqa: F401  (the daemon tests' node namespace)
 
 _STARTUP_KEY = pytest.StashKey[float]()
 _NODE_STARTUP_KEY = pytest.StashKey[float]()
+_TWO_NODES_STARTUP_KEY = pytest.StashKey[float]()
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +49,22 @@ def kubelet_node(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[k
         kn.close()
 
 
+@pytest.fixture(scope="session")
+def two_nodes(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[twonodes.TwoNodes]:
+    """Controllers plus two Ready nodes on one LAN, Plexus installed on both."""
+    missing = twonodes.missing_binaries()
+    if missing:
+        pytest.skip(f"{', '.join(missing)} missing (run make setup)")
+    nodes = twonodes.TwoNodes(cluster)
+    try:
+        nodes.start()
+        nodes.install_plexus()
+        request.config.stash[_TWO_NODES_STARTUP_KEY] = nodes.startup_seconds
+        yield nodes
+    finally:
+        nodes.close()
+
+
 @pytest.fixture
 def namespace(cluster: Cluster) -> str:
     """A fresh namespace (with its `default` ServiceAccount) for one test."""
@@ -56,13 +74,11 @@ def namespace(cluster: Cluster) -> str:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    seconds = terminalreporter.config.stash.get(_STARTUP_KEY, None)
-    if seconds is not None:
-        terminalreporter.write_line(
-            f"cluster tier: etcd + kube-apiserver ready with the NAD CRD in {seconds:.1f} s"
-        )
-    seconds = terminalreporter.config.stash.get(_NODE_STARTUP_KEY, None)
-    if seconds is not None:
-        terminalreporter.write_line(
-            f"cluster tier: kubelet node (containerd + plexus daemon) Ready in {seconds:.1f} s"
-        )
+    for key, what in (
+        (_STARTUP_KEY, "etcd + kube-apiserver ready with the NAD CRD"),
+        (_NODE_STARTUP_KEY, "kubelet node (containerd + plexus daemon) Ready"),
+        (_TWO_NODES_STARTUP_KEY, "controllers + two kubelet nodes on one LAN Ready"),
+    ):
+        seconds = terminalreporter.config.stash.get(key, None)
+        if seconds is not None:
+            terminalreporter.write_line(f"cluster tier: {what} in {seconds:.1f} s")

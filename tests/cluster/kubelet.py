@@ -35,6 +35,7 @@ results, mounts and cgroups removed, the Node object deleted, the temp dir remov
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import shutil
 import signal
@@ -81,6 +82,8 @@ LIBCNI_RESULTS = Path("/var/lib/cni/results")
 KUBELET_TIMEOUT = 90.0
 POD_TIMEOUT = 60.0
 NETWORKS = "k8s.v1.cni.cncf.io/networks"
+STATUS = "k8s.v1.cni.cncf.io/network-status"
+RESOURCE_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 
 # What kubelet's cm.setupKernelTunables wants to read (the FAKE /proc/sys files).
 KERNEL_TUNABLES = {
@@ -145,11 +148,21 @@ class NodeDaemon(Daemon):
 class Kubelet:
     """One kubelet process in the node namespace, started and stopped by PID."""
 
-    def __init__(self, root: Path, name: str, netns: str, runtime_socket: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        name: str,
+        netns: str,
+        runtime_socket: Path,
+        node_ip: str = NODE_IP,
+        max_pods: int = 16,
+    ) -> None:
         self.root = root
         self.name = name
         self.netns = netns
         self.runtime_socket = runtime_socket
+        self.node_ip = node_ip
+        self.max_pods = max_pods
         self.root_dir = root / "root"
         self.cert_dir = root / "pki"
         self.config = root / "config.yaml"
@@ -245,7 +258,7 @@ class Kubelet:
             "syncFrequency": "10s",
             "fileCheckFrequency": "1h",
             "registerNode": True,
-            "maxPods": 16,
+            "maxPods": self.max_pods,
         }
 
     def command(self) -> list[str]:
@@ -272,7 +285,7 @@ class Kubelet:
             f"--root-dir={self.root_dir}",
             f"--cert-dir={self.cert_dir}",
             f"--hostname-override={self.name}",
-            f"--node-ip={NODE_IP}",
+            f"--node-ip={self.node_ip}",
             "--v=2",
         ]  # fmt: skip
 
@@ -309,6 +322,27 @@ class Kubelet:
         return tail(self.log, lines)
 
 
+def run_all(steps: list[Callable[[], object]]) -> None:
+    """Run every teardown step even if an earlier one failed; raise the first error."""
+    errors: list[BaseException] = []
+    for step in steps:
+        try:
+            step()
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
+def reserved_ips(store: Path) -> list[str]:
+    """The addresses a host-local store (its dataDir) holds, in any range."""
+    found = []
+    for path in store.rglob("*"):
+        with contextlib.suppress(ValueError):
+            found.append(str(ipaddress.ip_address(path.name)))
+    return sorted(found)
+
+
 def _mounted_elsewhere(path: Path) -> bool:
     """Whether some process's mount namespace has a mount at `path` (another session's
     kubelet: removing the directory would detach its bind mount)."""
@@ -328,22 +362,29 @@ def _two_free_ports() -> tuple[int, int]:
 
 
 class KubeletNode:
-    """The whole node: netns, API relay, Plexus daemon, containerd and kubelet."""
+    """The whole node: netns, API relay, Plexus daemon, containerd and kubelet.
 
-    def __init__(self, cluster: Cluster) -> None:
+    Several can join one cluster: each has its own names, dirs, sockets, `node_ip` and
+    primary pod subnet (`pod_subnet`, default Node.bridge_conf()'s)."""
+
+    def __init__(
+        self, cluster: Cluster, node_ip: str = NODE_IP, pod_subnet: str = "", max_pods: int = 16
+    ) -> None:
         self.cluster = cluster
+        self.node_ip = node_ip
+        self.pod_subnet = pod_subnet
         # Unix socket paths (device plugins, CRI) must stay short: not pytest's tmp dirs.
         self.root = Path(tempfile.mkdtemp(prefix="pxk-"))
         (self.root / "node").mkdir()
         self.node = Node(self.root / "node")
         try:
-            self._setup()
+            self._setup(max_pods)
         except BaseException:
             self.node.close()
             shutil.rmtree(self.root, ignore_errors=True)
             raise
 
-    def _setup(self) -> None:
+    def _setup(self, max_pods: int) -> None:
         self.name = f"pxt-kubelet-{self.node.tag}"
         self.net_dir = self.root / "net.d"
         self.devinfo_dir = self.root / "devinfo"
@@ -359,7 +400,12 @@ class KubeletNode:
             cgroup_parent=f"/{self.name}",  # only for sandboxes run by hand, not the kubelet's
         )
         self.kubelet = Kubelet(
-            self.root / "kubelet", self.name, self.node.name, self.containerd.socket
+            self.root / "kubelet",
+            self.name,
+            self.node.name,
+            self.containerd.socket,
+            self.node_ip,
+            max_pods,
         )
         self.startup_seconds = 0.0
         self._absent = [path for path in HOST_DIRS if not path.exists()]
@@ -368,11 +414,13 @@ class KubeletNode:
 
     # -- start ---------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, with_daemon: bool = True) -> None:
+        """Bring the node up to Ready; `with_daemon=False` leaves Plexus out (the node runs
+        on its primary network until something installs Plexus, e.g. start_daemon())."""
         began = time.monotonic()
         sh("ip", "link", "add", NODE_LINK, "type", "veth", "peer", "name", "kubenode1",
            netns=self.node.name)  # fmt: skip
-        sh("ip", "addr", "add", f"{NODE_IP}/24", "dev", NODE_LINK, netns=self.node.name)
+        sh("ip", "addr", "add", f"{self.node_ip}/24", "dev", NODE_LINK, netns=self.node.name)
         for link in (NODE_LINK, "kubenode1"):
             sh("ip", "link", "set", link, "up", netns=self.node.name)
         port = int(self.cluster.server.rsplit(":", 1)[1])
@@ -380,15 +428,9 @@ class KubeletNode:
         self.forward.start()
 
         self.net_dir.mkdir()
-        primary = {
-            "cniVersion": "1.0.0",
-            "name": "default-net",
-            "plugins": [self.node.bridge_conf()],
-        }
-        (self.net_dir / "10-default.conflist").write_text(json.dumps(primary))
-        self.daemon = NodeDaemon(self.node, self.name, **self.daemon_settings())
-        self.daemon.start()
-        self._wait("00-plexus.conflist", lambda: (self.net_dir / GENERATED_NAME).exists(), 30)
+        (self.net_dir / "10-default.conflist").write_text(json.dumps(self.primary_conflist()))
+        if with_daemon:
+            self.start_daemon()
 
         self.containerd.start()
         self.containerd.import_image(build_pause_image(self.root))
@@ -416,6 +458,37 @@ class KubeletNode:
         self.kubelet.start()
         self.wait_node_ready()
         self.startup_seconds = time.monotonic() - began
+
+    def primary_conflist(self) -> Json:
+        """The node's own pod network (reference bridge + host-local), which Plexus wraps."""
+        bridge = self.node.bridge_conf()
+        if self.pod_subnet:
+            bridge["ipam"]["ranges"] = [[{"subnet": self.pod_subnet}]]
+        return {"cniVersion": "1.0.0", "name": "default-net", "plugins": [bridge]}
+
+    def start_daemon(self) -> None:
+        """`plexus daemon` started by hand in the node namespace; returns once it has
+        written the generated conflist."""
+        self.daemon = NodeDaemon(self.node, self.name, **self.daemon_settings())
+        self.daemon.start()
+        self._wait("00-plexus.conflist", lambda: (self.net_dir / GENERATED_NAME).exists(), 30)
+
+    def wait_cni_network(self, name: str) -> None:
+        """Until containerd's CRI has loaded the network config named `name` (it re-reads
+        its conf dir on its own; a pod started before would get the previous network)."""
+        self.wait_for(
+            f"containerd to load CNI network {name!r}",
+            lambda: self.cni_networks() == [name],
+        )
+
+    def cni_networks(self) -> list[str]:
+        """The networks containerd's CRI set up pods with now (loopback aside)."""
+        done: cri.StatusResponse = self.containerd.runtime.Status(
+            cri.StatusRequest(verbose=True), timeout=ctrd.CRI_TIMEOUT
+        )
+        loaded = json.loads(done.info.get("cniconfig", "{}")).get("Networks") or []
+        names = [str(net["Config"]["Name"]) for net in loaded]
+        return [name for name in names if name != "cni-loopback"]
 
     def daemon_settings(self) -> Json:
         return {
@@ -602,8 +675,11 @@ class KubeletNode:
 
     def run_pod(self, namespace: str, manifest: Json) -> Json:
         """Create the pod in the API and wait until it is Running; return it."""
-        name = manifest["metadata"]["name"]
         self.cluster.create(f"/api/v1/namespaces/{namespace}/pods", manifest)
+        return self.wait_running(namespace, manifest["metadata"]["name"])
+
+    def wait_running(self, namespace: str, name: str) -> Json:
+        """Wait until the pod is Running on this node; return it."""
         pod = self.wait_pod(
             namespace,
             name,
@@ -697,28 +773,50 @@ class KubeletNode:
             ctrd.remove_empty_tree(host_dir)
 
     def close(self) -> None:
-        """Undo everything start() did, whatever state it reached: every step runs even
-        if an earlier one failed; the first error is raised at the end."""
-        steps: list[Callable[[], object]] = [
-            self.delete_node_pods,
-            self.kubelet.stop,
-            self._remove_sandboxes,
-            self.containerd.stop,
-            lambda: self.daemon.stop() if self.daemon is not None else None,
-            lambda: self.forward.stop() if self.forward is not None else None,
-            self._remove_host_state,
-            self._remove_api_objects,
-            self.node.close,
-            self._remove_dirs,
-        ]
-        errors: list[BaseException] = []
-        for step in steps:
-            try:
-                step()
-            except Exception as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        """Undo everything start() did, whatever state it reached."""
+        run_all(
+            [
+                self.delete_node_pods,
+                self.kubelet.stop,
+                self._remove_sandboxes,
+                self.containerd.stop,
+                lambda: self.daemon.stop() if self.daemon is not None else None,
+                lambda: self.forward.stop() if self.forward is not None else None,
+                self._remove_host_state,
+                self._remove_api_objects,
+                self.node.close,
+                self._remove_dirs,
+            ]
+        )
+
+
+def create_nad(
+    cluster: Cluster, namespace: str, name: str, config: dict[str, Any], resource: str = ""
+) -> None:
+    metadata: dict[str, Any] = {"name": name}
+    if resource:
+        metadata["annotations"] = {RESOURCE_ANNOTATION: resource}
+    cluster.create(
+        f"/apis/k8s.cni.cncf.io/v1/namespaces/{namespace}/network-attachment-definitions",
+        {
+            "apiVersion": "k8s.cni.cncf.io/v1",
+            "kind": "NetworkAttachmentDefinition",
+            "metadata": metadata,
+            "spec": {"config": json.dumps(config)},
+        },
+    )
+
+
+def network_status(kn: KubeletNode, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The pod's network-status annotation, once Plexus has written it."""
+    pod = kn.wait_pod(
+        namespace,
+        name,
+        lambda p: STATUS in ((p or {}).get("metadata", {}).get("annotations") or {}),
+        "annotated with network-status",
+    )
+    assert pod is not None
+    return list(json.loads(pod["metadata"]["annotations"][STATUS]))
 
 
 class DevicePlugin:
