@@ -21,15 +21,19 @@ The kubelet serves device plugins at the fixed /var/lib/kubelet/device-plugins (
 its --root-dir), and insists on six host-wide sysctls (overcommit_memory=1, panic_on_oops=1,
 kernel.panic=10, ...) and, with protectKernelDefaults false, writes them to the host
 kernel; with it true it refuses to start. Neither is acceptable on a shared machine, so
-it runs in a private mount namespace where those six /proc/sys files are FAKE (read-only
-bind mounts of files holding the values it wants) and where its root dir's
-`device-plugins` is bound over the fixed path. Nothing of the host's kernel changes, and
-on the host only that path's (empty) directories are made, if absent.
+containerd and the kubelet run in the node's own mount namespace (tests/cluster/mounts.py)
+where those six /proc/sys files are FAKE (read-only bind mounts of files holding the values
+it wants), its root dir's `device-plugins` is bound over the fixed path, and the node's
+dirs are bound over the host paths a DaemonSet of Plexus mounts (`/opt/cni/bin`,
+`/etc/cni/net.d`, `/run/plexus`, ...). Sharing that namespace, containerd sees the
+kubelet's volume mounts (a pod's service-account token). Nothing of the host's kernel
+changes, and on the host only those paths' (empty) directories are made, if absent.
 
 `close()` undoes it all even after a failure: pods bound to the node force-deleted in the
 API, the kubelet stopped by PID, every sandbox stopped and removed through CRI,
 containerd stopped by PID (and its shims), the daemon stopped, sandbox netns, libcni
-results, mounts and cgroups removed, the Node object deleted, the temp dir removed.
+results, mounts and cgroups removed, the mount namespace dropped, the Node object deleted,
+the temp dir removed.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from tests.cluster.apiserver import (
     free_ports,
 )
 from tests.cluster.forward import LoopbackForward
+from tests.cluster.mounts import NodeMounts
 from tests.netns.conftest import Node, sh
 from tests.netns.daemon import PLEXUS, Daemon
 from tests.runtime import containerd as ctrd
@@ -77,7 +82,8 @@ NETNS_DIR = Path("/run/netns")
 HOST_DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
 # Directories made outside the temp dir (by containerd, libcni, or as the mount point
 # above): removed after the node if they were absent before it and are empty.
-HOST_DIRS = (Path("/run/containerd"), Path("/var/lib/cni"), Path("/var/lib/kubelet"))
+HOST_DIRS = (Path("/run/containerd"), Path("/var/lib/cni"))
+HOST_POD_RESOURCES_DIR = Path("/var/lib/kubelet/pod-resources")
 LIBCNI_RESULTS = Path("/var/lib/cni/results")
 KUBELET_TIMEOUT = 90.0
 POD_TIMEOUT = 60.0
@@ -154,10 +160,12 @@ class Kubelet:
         name: str,
         netns: str,
         runtime_socket: Path,
+        enter: list[str],
         node_ip: str = NODE_IP,
         max_pods: int = 16,
     ) -> None:
         self.root = root
+        self.enter = enter  # the command prefix entering the node's mount namespace
         self.name = name
         self.netns = netns
         self.runtime_socket = runtime_socket
@@ -185,6 +193,13 @@ class Kubelet:
     def pod_resources_socket(self) -> Path:
         return self.root_dir / "pod-resources" / "kubelet.sock"
 
+    def fake_sysctls(self) -> dict[Path, Path]:
+        """FAKE file -> the /proc/sys file it stands for in the node's mount namespace."""
+        return {self._fake_sysctl(key): Path("/proc/sys") / key for key in KERNEL_TUNABLES}
+
+    def _fake_sysctl(self, key: str) -> Path:
+        return self.root / "sysctl" / key
+
     def write_files(self, cluster: Cluster) -> None:
         """The node's client certificate and kubeconfig, the config and the FAKE sysctls."""
         assert cluster.pki is not None
@@ -207,10 +222,10 @@ class Kubelet:
         config = self.configuration()
         config["authentication"]["x509"] = {"clientCAFile": str(cluster.pki.ca_crt)}
         self.config.write_text(yaml.safe_dump(config, sort_keys=False))
-        sysctls = self.root / "sysctl"
-        for name, value in KERNEL_TUNABLES.items():
-            (sysctls / name).parent.mkdir(parents=True, exist_ok=True)
-            (sysctls / name).write_text(f"{value}\n")
+        for tunable, value in KERNEL_TUNABLES.items():
+            fake = self._fake_sysctl(tunable)
+            fake.parent.mkdir(parents=True, exist_ok=True)
+            fake.write_text(f"{value}\n")
 
     def configuration(self) -> Json:
         disabled = "0%"  # an eviction threshold of 0% is ignored
@@ -262,23 +277,12 @@ class Kubelet:
         }
 
     def command(self) -> list[str]:
-        """The kubelet in a private mount namespace (the FAKE sysctls, its device-plugins
-        dir bound over the fixed path), in the node netns."""
-        binds = [
-            f"mount --bind -o ro {self.root / 'sysctl' / key} /proc/sys/{key}"
-            for key in KERNEL_TUNABLES
-        ]
-        binds.append(f"mount --bind {self.device_plugins_dir} {HOST_DEVICE_PLUGINS_DIR}")
-        script = " && ".join([*binds, 'exec "$@"'])
+        """The kubelet in the node's mount namespace and netns."""
         return [
             # PDEATHSIG from setpriv, not a preexec_fn: a Python fork with gRPC's
             # threads running (our CRI channel) aborts in the child.
             "setpriv", "--pdeathsig", "KILL", "--",
-            # Private propagation: none of these mounts is seen outside. (Pod volumes
-            # would need the kubelet's mounts to reach containerd; our pods have none.)
-            "unshare", "--mount", "--propagation", "private", "--",
-            "sh", "-ec", script, "kubelet",
-            "nsenter", f"--net={NETNS_DIR / self.netns}", "--",
+            *self.enter, f"--net={NETNS_DIR / self.netns}", "--",
             str(KUBELET),
             f"--config={self.config}",
             f"--kubeconfig={self.kubeconfig}",
@@ -343,19 +347,6 @@ def reserved_ips(store: Path) -> list[str]:
     return sorted(found)
 
 
-def _mounted_elsewhere(path: Path) -> bool:
-    """Whether some process's mount namespace has a mount at `path` (another session's
-    kubelet: removing the directory would detach its bind mount)."""
-    for mountinfo in Path("/proc").glob("[0-9]*/mountinfo"):
-        try:
-            lines = mountinfo.read_text().splitlines()
-        except OSError:
-            continue
-        if any(line.split()[4] == str(path) for line in lines):
-            return True
-    return False
-
-
 def _two_free_ports() -> tuple[int, int]:
     first, second = free_ports(2)
     return first, second
@@ -392,18 +383,21 @@ class KubeletNode:
         self.daemon: NodeDaemon | None = None
         (self.root / "containerd").mkdir()
         (self.root / "kubelet").mkdir()
+        self.mounts = NodeMounts(self.root)
         self.containerd = ctrd.Containerd(
             self.root / "containerd",
             self.node.name,
             self.node.bin,
             self.net_dir,
             cgroup_parent=f"/{self.name}",  # only for sandboxes run by hand, not the kubelet's
+            enter=self.mounts.nsenter(),
         )
         self.kubelet = Kubelet(
             self.root / "kubelet",
             self.name,
             self.node.name,
             self.containerd.socket,
+            self.mounts.nsenter(),
             self.node_ip,
             max_pods,
         )
@@ -432,11 +426,11 @@ class KubeletNode:
         if with_daemon:
             self.start_daemon()
 
+        self.kubelet.write_files(self.cluster)
+        self.make_mounts()
         self.containerd.start()
         self.containerd.import_image(build_pause_image(self.root))
 
-        self.kubelet.write_files(self.cluster)
-        HOST_DEVICE_PLUGINS_DIR.mkdir(parents=True, exist_ok=True)  # the mount point
         self.cluster.create(
             "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
             {
@@ -458,6 +452,24 @@ class KubeletNode:
         self.kubelet.start()
         self.wait_node_ready()
         self.startup_seconds = time.monotonic() - began
+
+    def make_mounts(self) -> None:
+        """The node's mount namespace: the kubelet's FAKE sysctls and device-plugins dir,
+        and the node's dirs at the host paths a DaemonSet of Plexus mounts."""
+        self.mounts.create()
+        for fake, real in self.kubelet.fake_sysctls().items():
+            self.mounts.bind(fake, real, read_only=True)
+        for source, target in (
+            (self.kubelet.device_plugins_dir, HOST_DEVICE_PLUGINS_DIR),
+            (self.kubelet.pod_resources_socket.parent, HOST_POD_RESOURCES_DIR),
+            (self.node.bin, Path("/opt/cni/bin")),
+            (self.net_dir, Path("/etc/cni/net.d")),
+            (self.node.root / "run", Path("/run/plexus")),
+            (self.node.cni_dir, Path("/var/lib/cni/plexus")),
+            (self.devinfo_dir, Path("/run/k8s.cni.cncf.io/devinfo")),
+        ):
+            source.mkdir(parents=True, exist_ok=True)
+            self.mounts.bind(source, target)
 
     def primary_conflist(self) -> Json:
         """The node's own pod network (reference bridge + host-local), which Plexus wraps."""
@@ -766,10 +778,6 @@ class KubeletNode:
     def _remove_dirs(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
         for host_dir in self._absent:
-            if host_dir in HOST_DEVICE_PLUGINS_DIR.parents and _mounted_elsewhere(
-                HOST_DEVICE_PLUGINS_DIR
-            ):
-                continue  # another session's kubelet has its bind mount there
             ctrd.remove_empty_tree(host_dir)
 
     def close(self) -> None:
@@ -783,6 +791,7 @@ class KubeletNode:
                 lambda: self.daemon.stop() if self.daemon is not None else None,
                 lambda: self.forward.stop() if self.forward is not None else None,
                 self._remove_host_state,
+                self.mounts.close,
                 self._remove_api_objects,
                 self.node.close,
                 self._remove_dirs,
