@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from meta.daemon.cniconfig import NETWORK_NAME
-from tests.cluster import kubelet
+from tests.cluster import install, kubelet
 from tests.cluster.apiserver import CONTROLLERS, Cluster, binary
+from tests.cluster.forward import LoopbackForward
 from tests.cluster.kubelet import KubeletNode, reserved_ips, run_all
 from tests.netns.conftest import Node, sh
 
@@ -83,6 +84,8 @@ class TwoNodes:
         self.lan: Lan | None = None
         self.nodes: list[KubeletNode] = []
         self.startup_seconds = 0.0
+        self.image = ""  # the Plexus image the nodes run ("": started by hand)
+        self.forwards: list[LoopbackForward] = []
 
     def start(self) -> None:
         began = time.monotonic()
@@ -99,9 +102,19 @@ class TwoNodes:
 
     def install_plexus(self) -> None:
         """Put Plexus on every node; return once each node's containerd sets pods up
-        through it. Today: `plexus daemon` started by hand in each node namespace."""
-        for kn in self.nodes:
-            kn.start_daemon()
+        through it. From the image and crds/ when this tree can build the image
+        (tests/cluster/install.py), else `plexus daemon` started by hand on each node."""
+        if install.available():
+            self.image = install.IMAGE
+            archive = install.build_image(self.image)
+            for kn in self.nodes:
+                self.forwards.append(install.serve_cluster_ip(kn))
+                install.import_image(kn, archive, self.image)
+            install.apply(self.cluster, self.image)
+            install.wait_daemonset(self.cluster, self.nodes, self.image)
+        else:
+            for kn in self.nodes:
+                kn.start_daemon()
         for kn in self.nodes:
             kn.wait_cni_network(NETWORK_NAME)
 
@@ -120,6 +133,8 @@ class TwoNodes:
         """Undo start(), whatever it reached: every step runs; the first error is raised."""
         run_all(
             [
+                lambda: install.delete_daemonset(self.cluster) if self.image else None,
+                *(forward.stop for forward in self.forwards),
                 *(kn.close for kn in self.nodes),
                 lambda: self.lan.close() if self.lan is not None else None,
                 self.cluster.stop_controllers,
