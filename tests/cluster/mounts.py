@@ -7,10 +7,12 @@ namespace, bound to a file in the node's dir, where the node's own dirs are bind
 over the standard host paths (`/opt/cni/bin`, `/etc/cni/net.d`, ...) and the kubelet's
 FAKE /proc/sys files are in place. In there, every mount the host had is made private
 first, so nothing mounted in it (binds, the kubelet's volume tmpfs, containerd's
-snapshots) reaches the host; only `/run/netns` stays shared with the host, so a sandbox's
-netns path works in the host and in every node. The namespace ends with the unmount of
-its file and its last process. Mount points missing on the host are made for it and
-removed after, when empty and not a mount point in another session's namespace.
+snapshots) reaches the host; then `/` is made shared again, in a peer group of the node's
+own, because containerd wants a hostPath with HostToContainer propagation (a DaemonSet's
+`/hostroot`) on a shared or slave mount. Only `/run/netns` stays shared with the host,
+so a sandbox's netns path works in the host and in every node. The namespace ends with
+the unmount of its file and its last process. Mount points missing on the host are made
+for it and removed after, when empty and not a mount point in another session's namespace.
 """
 
 from __future__ import annotations
@@ -43,6 +45,14 @@ def mounted_elsewhere(path: Path) -> bool:
     return False
 
 
+def _peer_groups(mountinfo: str) -> set[str]:
+    return {field for field in mountinfo.split() if field.startswith("shared:")}
+
+
+def _depth(mount: tuple[Path, set[str]]) -> int:
+    return len(mount[0].parts)
+
+
 class NodeMounts:
     """One node's mount namespace; `nsenter()` is the command prefix that enters it."""
 
@@ -58,9 +68,10 @@ class NodeMounts:
         _run("mount", "--make-private", str(self.holder))
         self.file.touch()
         _run("unshare", f"--mount={self.file}", "--propagation", "unchanged", "true")
-        for point in self._mount_points():
+        for point, _ in self._mounts():
             if point != SHARED and SHARED not in point.parents:
                 self._in("mount", "--make-private", str(point))
+        self._in("mount", "--make-shared", "/")
 
     def nsenter(self) -> list[str]:
         return ["nsenter", f"--mount={self.file}"]
@@ -70,9 +81,9 @@ class NodeMounts:
         over a /proc/sys file)."""
         if not target.exists():
             self._make(target, directory=source.is_dir())
-        propagation = self._in("findmnt", "-n", "-o", "PROPAGATION", "-T", str(target)).strip()
-        if propagation != "private":  # a bind under a shared mount would reach the host
-            raise RuntimeError(f"{target} is on a {propagation} mount in the node namespace")
+        under = max((m for m in self._mounts() if m[0] in (target, *target.parents)), key=_depth)
+        if under[1] & _peer_groups(Path("/proc/self/mountinfo").read_text()):
+            raise RuntimeError(f"a bind at {target} would reach the host (under {under[0]})")
         self._in("mount", "--bind", *(["-o", "ro"] if read_only else []), str(source), str(target))
 
     def close(self) -> None:
@@ -87,9 +98,12 @@ class NodeMounts:
     def _in(self, *cmd: str) -> str:
         return _run(*self.nsenter(), *cmd)
 
-    def _mount_points(self) -> list[Path]:
-        lines = self._in("cat", "/proc/self/mountinfo").splitlines()
-        return [Path(line.split()[4].replace("\\040", " ")) for line in lines]
+    def _mounts(self) -> list[tuple[Path, set[str]]]:
+        """The namespace's mount points, each with its peer groups (`shared:N`)."""
+        return [
+            (Path(line.split()[4].replace("\\040", " ")), _peer_groups(line))
+            for line in self._in("cat", "/proc/self/mountinfo").splitlines()
+        ]
 
     def _make(self, target: Path, directory: bool) -> None:
         if not directory:
