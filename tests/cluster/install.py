@@ -2,15 +2,17 @@
 
 The image is built from the repo's Containerfile by scripts/build-image.sh (no registry:
 a Debian base, buildah) and imported into each node's containerd; crds/ is applied as
-shipped, the only change the overlay below: every container's image is the built tag,
-never pulled. The kubelets then run the DaemonSet's pods, whose hostPaths land on each
-node's own dirs (tests/cluster/mounts.py). In-cluster clients dial the `kubernetes`
-Service's ClusterIP; with no kube-proxy, a relay in each node namespace answers there.
+shipped through its documented overlay, which changes only the image (to the built tag,
+already imported, so `IfNotPresent` never pulls). The kubelets then run the DaemonSet's
+pods, whose hostPaths land on each node's own dirs (tests/cluster/mounts.py). In-cluster
+clients dial the `kubernetes` Service's ClusterIP; with no kube-proxy, a relay in each
+node namespace answers there.
 """
 
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from tests.cluster.kubelet import NETNS_DIR, KubeletNode
 from tests.netns.conftest import sh
 
 BUILD_IMAGE = REPO / "scripts" / "build-image.sh"
+OVERLAY = REPO / "scripts" / "overlay-crds.py"
 MANIFESTS = [
     REPO / "crds" / name
     for name in ("plexus-rbac.yaml", "plexus-config.yaml", "plexus-daemonset.yaml")
@@ -36,7 +39,7 @@ Json = dict[str, Any]
 
 def available() -> bool:
     """Whether this tree can build the image (else Plexus is started by hand)."""
-    return BUILD_IMAGE.exists()
+    return BUILD_IMAGE.exists() and OVERLAY.exists()
 
 
 def build_image(tag: str = IMAGE) -> Path:
@@ -49,22 +52,17 @@ def build_image(tag: str = IMAGE) -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def overlay(obj: Json, image: str) -> Json:
-    """The test's overlay of a shipped manifest: the image, never pulled."""
-    spec = obj.get("spec", {}).get("template", {}).get("spec", {})
-    for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
-        container["image"] = image
-        container["imagePullPolicy"] = "Never"
-    return obj
-
-
 def manifests(image: str) -> list[Json]:
-    return [
-        overlay(obj, image)
-        for path in MANIFESTS
-        for obj in yaml.safe_load_all(path.read_text())
-        if obj
-    ]
+    """crds/ through the documented overlay (scripts/overlay-crds.py): only the image.
+    One copy for all nodes: each node's mount namespace gives the same hostPaths its own
+    dirs, so the per-node copies the overlay offers are not needed."""
+    done = subprocess.run(
+        [sys.executable, str(OVERLAY), "--image", image, *map(str, MANIFESTS)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [obj for obj in yaml.safe_load_all(done.stdout) if obj]
 
 
 def serve_cluster_ip(kn: KubeletNode) -> LoopbackForward:
