@@ -133,11 +133,12 @@ class TwoNodes:
         """Undo start(), whatever it reached: every step runs; the first error is raised."""
         run_all(
             [
+                # The GC deletes the DaemonSet's pods; then no controller makes new ones.
                 lambda: install.delete_daemonset(self.cluster) if self.image else None,
+                self.cluster.stop_controllers,
                 *(forward.stop for forward in self.forwards),
                 *(kn.close for kn in self.nodes),
                 lambda: self.lan.close() if self.lan is not None else None,
-                self.cluster.stop_controllers,
                 lambda: shutil.rmtree(self.root, ignore_errors=True),
             ]
         )
