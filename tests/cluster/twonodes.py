@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,12 @@ class TwoNodes:
             archive = install.build_image(self.image)
             for kn in self.nodes:
                 self.forwards.append(install.serve_cluster_ip(kn))
-                install.import_image(kn, archive, self.image)
+            with ThreadPoolExecutor(len(self.nodes)) as pool:  # ~30 s each: in parallel
+                jobs = [
+                    pool.submit(install.import_image, kn, archive, self.image) for kn in self.nodes
+                ]
+                for job in jobs:
+                    job.result()
             install.apply(self.cluster, self.image)
             install.wait_daemonset(self.cluster, self.nodes, self.image)
         else:
