@@ -82,9 +82,7 @@ NETNS_DIR = Path("/run/netns")
 HOST_DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
 # Directories made outside the temp dir (by containerd, libcni, or as the mount point
 # above): removed after the node if they were absent before it and are empty.
-HOST_DIRS = (Path("/run/containerd"), Path("/var/lib/cni"))
 HOST_POD_RESOURCES_DIR = Path("/var/lib/kubelet/pod-resources")
-LIBCNI_RESULTS = Path("/var/lib/cni/results")
 KUBELET_TIMEOUT = 90.0
 POD_TIMEOUT = 60.0
 NETWORKS = "k8s.v1.cni.cncf.io/networks"
@@ -378,7 +376,12 @@ class KubeletNode:
     def _setup(self, max_pods: int) -> None:
         self.name = f"pxt-kubelet-{self.node.tag}"
         self.net_dir = self.root / "net.d"
-        self.devinfo_dir = self.root / "devinfo"
+        # The node's own /run and /var/lib/cni (its mount namespace has them there), with
+        # Plexus's state where a DaemonSet puts it; the hand-started daemon uses them too.
+        self.run_dir = self.root / "run"
+        self.var_lib_cni = self.root / "var-lib-cni"
+        self.cni_state = self.var_lib_cni / "plexus"
+        self.devinfo_dir = self.run_dir / "k8s.cni.cncf.io" / "devinfo"
         self.forward: LoopbackForward | None = None
         self.daemon: NodeDaemon | None = None
         (self.root / "containerd").mkdir()
@@ -402,9 +405,7 @@ class KubeletNode:
             max_pods,
         )
         self.startup_seconds = 0.0
-        self._absent = [path for path in HOST_DIRS if not path.exists()]
         self._sandbox_netns: set[str] = set()  # every sandbox netns path seen, for cleanup
-        self._sandbox_ids: set[str] = set()
 
     # -- start ---------------------------------------------------------------------
 
@@ -459,14 +460,14 @@ class KubeletNode:
         self.mounts.create()
         for fake, real in self.kubelet.fake_sysctls().items():
             self.mounts.bind(fake, real, read_only=True)
+        self.run_dir.mkdir(exist_ok=True)
+        self.mounts.own_run(self.run_dir)
         for source, target in (
             (self.kubelet.device_plugins_dir, HOST_DEVICE_PLUGINS_DIR),
             (self.kubelet.pod_resources_socket.parent, HOST_POD_RESOURCES_DIR),
+            (self.var_lib_cni, Path("/var/lib/cni")),
             (self.node.bin, Path("/opt/cni/bin")),
             (self.net_dir, Path("/etc/cni/net.d")),
-            (self.node.root / "run", Path("/run/plexus")),
-            (self.node.cni_dir, Path("/var/lib/cni/plexus")),
-            (self.devinfo_dir, Path("/run/k8s.cni.cncf.io/devinfo")),
         ):
             source.mkdir(parents=True, exist_ok=True)
             self.mounts.bind(source, target)
@@ -509,6 +510,8 @@ class KubeletNode:
             "clusterDir": "",
             "kubeconfig": str(self.cluster.kubeconfig),
             "cniConfigDir": str(self.net_dir),
+            "cniDir": str(self.cni_state),
+            "socketDir": str(self.run_dir / "plexus"),
             "podResourcesSocket": str(self.kubelet.pod_resources_socket),
             # No checkpoint fallback: a pod's device IDs can only come from the kubelet's
             # PodResources API (the real kubelet's own checkpoint would do as well).
@@ -610,8 +613,6 @@ class KubeletNode:
             ),
             timeout=ctrd.CRI_TIMEOUT,
         )
-        for item in done.items:
-            self._sandbox_ids.add(item.id)
         return list(done.items)
 
     def sandbox_netns(self, sandbox_id: str) -> str:
@@ -708,15 +709,15 @@ class KubeletNode:
 
     def libcni_result(self, sandbox_id: str) -> Path:
         """containerd's libcni cache of the sandbox's ADD (our generated network, eth0)."""
-        return LIBCNI_RESULTS / f"{NETWORK_NAME}-{sandbox_id}-eth0"
+        return self.var_lib_cni / "results" / f"{NETWORK_NAME}-{sandbox_id}-eth0"
 
     def record(self, container_id: str) -> Json:
         """Plexus's attachment record of a sandbox (meta/records.py)."""
-        record: Json = json.loads((self.node.cni_dir / "records" / container_id).read_text())
+        record: Json = json.loads((self.cni_state / "records" / container_id).read_text())
         return record
 
     def records(self) -> set[str]:
-        path = self.node.cni_dir / "records"
+        path = self.cni_state / "records"
         return {p.name for p in path.iterdir()} if path.is_dir() else set()
 
     # -- teardown --------------------------------------------------------------------
@@ -755,15 +756,13 @@ class KubeletNode:
         self.containerd.teardown_all()
 
     def _remove_host_state(self) -> None:
-        """Sandbox netns, libcni results, mounts and cgroups containerd may have left."""
+        """Sandbox netns (on the host's /run/netns), mounts and cgroups containerd may have
+        left. (Its libcni results are in the node's own /var/lib/cni, under the temp dir.)"""
         for path in self._sandbox_netns:
             if Path(path).exists():
                 subprocess.run(["umount", path], capture_output=True, check=False)
                 with contextlib.suppress(OSError):
                     Path(path).unlink()
-        for sandbox_id in self._sandbox_ids:
-            for result in LIBCNI_RESULTS.glob(f"{NETWORK_NAME}-{sandbox_id}-*"):
-                result.unlink(missing_ok=True)
         ctrd.unmount_under(self.root)
         ctrd.remove_cgroups(self.kubelet.cgroup_root)
 
@@ -777,8 +776,6 @@ class KubeletNode:
 
     def _remove_dirs(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
-        for host_dir in self._absent:
-            ctrd.remove_empty_tree(host_dir)
 
     def close(self) -> None:
         """Undo everything start() did, whatever state it reached."""

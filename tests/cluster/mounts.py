@@ -4,15 +4,17 @@ Nodes of the cluster tier share one machine's filesystem, but a DaemonSet gives 
 the same hostPaths, and the kubelet wants host-wide sysctls it must not write. So each
 node's containerd and kubelet (and through them its pods) run in a persistent mount
 namespace, bound to a file in the node's dir, where the node's own dirs are bind-mounted
-over the standard host paths (`/opt/cni/bin`, `/etc/cni/net.d`, ...) and the kubelet's
-FAKE /proc/sys files are in place. In there, every mount the host had is made private
-first, so nothing mounted in it (binds, the kubelet's volume tmpfs, containerd's
-snapshots) reaches the host; then `/` is made shared again, in a peer group of the node's
-own, because containerd wants a hostPath with HostToContainer propagation (a DaemonSet's
-`/hostroot`) on a shared or slave mount. Only `/run/netns` stays shared with the host,
-so a sandbox's netns path works in the host and in every node. The namespace ends with
-the unmount of its file and its last process. Mount points missing on the host are made
-for it and removed after, when empty and not a mount point in another session's namespace.
+over the standard host paths (`/opt/cni/bin`, `/etc/cni/net.d`, its own `/run` and
+`/var/lib/cni`, ...) and the kubelet's FAKE /proc/sys files are in place.
+
+In there, every mount the host had is made private first, so nothing mounted in it
+(binds, the kubelet's volume tmpfs, containerd's snapshots) reaches the host; then `/` is
+made shared again, in a peer group of the node's own, because containerd wants a hostPath
+with HostToContainer propagation (a DaemonSet's `/hostroot`) on a shared or slave mount.
+Only `/run/netns` stays shared with the host, so a sandbox's netns path works in the host
+and in every node. The namespace ends with the unmount of its file and its last process.
+Mount points missing on the host are made for it and removed after, when empty and not a
+mount point in another session's namespace.
 """
 
 from __future__ import annotations
@@ -72,6 +74,17 @@ class NodeMounts:
             if point != SHARED and SHARED not in point.parents:
                 self._in("mount", "--make-private", str(point))
         self._in("mount", "--make-shared", "/")
+
+    def own_run(self, source: Path) -> None:
+        """Give the node its own /run (`source`), with the host's /run/netns kept in it:
+        bound again from a bind made before /run is covered, so it stays in the host's
+        peer group and sandbox netns mounted there reach the host."""
+        keep = self.holder / "netns"
+        keep.mkdir()
+        self._in("mount", "--bind", str(SHARED), str(keep))
+        self.bind(source, Path("/run"))
+        (source / SHARED.name).mkdir(exist_ok=True)
+        self._in("mount", "--bind", str(keep), str(SHARED))
 
     def nsenter(self) -> list[str]:
         return ["nsenter", f"--mount={self.file}"]
