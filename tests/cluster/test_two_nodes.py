@@ -7,34 +7,13 @@ bridge in a namespace of the test's. Everything is real; the pods' traffic stays
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from typing import Any
 
-from tests.cluster.kubelet import NETWORKS, Json, KubeletNode, create_nad, network_status
-from tests.cluster.twonodes import TwoNodes
-from tests.runtime.conftest import addresses, in_netns
+from tests.cluster.kubelet import NETWORKS, Json, create_nad
+from tests.cluster.twonodes import LAN_SUBNET, PodOnNode, TwoNodes, check_networks
+from tests.runtime.conftest import in_netns
 from tests.runtime.image import NAME as PAUSE_IMAGE
-
-LAN_SUBNET = "10.94.0.0/24"  # the LAN NAD: one range, one host-local store for both nodes
-
-
-class PodOnNode:
-    """A Running pod as the test sees it: its node, sandbox netns, interfaces, status."""
-
-    def __init__(self, kn: KubeletNode, namespace: str, name: str) -> None:
-        self.kn = kn
-        self.name = name
-        self.uid = kn.wait_running(namespace, name)["metadata"]["uid"]
-        self.entries = network_status(kn, namespace, name)
-        (sandbox,) = kn.sandboxes(self.uid, ready_only=True)
-        self.sandbox_id = sandbox.id
-        self.netns = kn.sandbox_netns(sandbox.id)
-        self.links = addresses(self.netns)
-
-    def ip(self, ifname: str) -> str:
-        (address,) = self.links[ifname]["ips"]
-        return str(address)
 
 
 def neighbour_mac(netns: str, ifname: str, ip: str) -> str:
@@ -42,19 +21,6 @@ def neighbour_mac(netns: str, ifname: str, ip: str) -> str:
         in_netns(netns, "ip", "-j", "neigh", "show", ip, "dev", ifname)
     )
     return str(entries[0].get("lladdr", "")) if entries else ""
-
-
-def check_networks(pod: PodOnNode, namespace: str) -> None:
-    """eth0 from the node's primary network, net1 from the LAN NAD, network-status true."""
-    assert sorted(pod.links) == ["eth0", "lo", "net1"]
-    assert [(e["name"], e["interface"], e["ips"], e["mac"]) for e in pod.entries] == [
-        ("default-net", "eth0", [pod.ip("eth0")], pod.links["eth0"]["mac"]),
-        (f"{namespace}/lan-net", "net1", [pod.ip("net1")], pod.links["net1"]["mac"]),
-    ]
-    assert pod.entries[0].get("default") is True and not pod.entries[1].get("default")
-    assert ipaddress.ip_address(pod.ip("eth0")) in ipaddress.ip_network(pod.kn.pod_subnet)
-    assert ipaddress.ip_address(pod.ip("net1")) in ipaddress.ip_network(LAN_SUBNET)
-    assert pod.sandbox_id in pod.kn.records()
 
 
 def check_ping_across(tn: TwoNodes, first: PodOnNode, second: PodOnNode) -> None:

@@ -3,21 +3,24 @@
 Only where Plexus runs from its image (tests/cluster/install.py). Pods are created in a
 burst while the daemon on a node is being replaced; each must end up Running with eth0
 and net1 (a failed ADD is retried by the kubelet), never with eth0 alone, and deleting
-them must release every address and record.
+them must release every address and record. Uninstalling (the DaemonSet deleted, then
+`plexus uninstall-cni` on each node) leaves each node with its primary network only.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from meta.daemon.cniconfig import NETWORK_NAME
 from tests.cluster import install
 from tests.cluster.kubelet import KubeletNode, create_nad
-from tests.cluster.test_two_nodes import LAN_SUBNET, PodOnNode, check_networks
-from tests.cluster.twonodes import TwoNodes
+from tests.cluster.twonodes import LAN_SUBNET, PodOnNode, TwoNodes, check_networks
+from tests.netns.daemon import PLEXUS
 from tests.runtime.conftest import addresses
 
 UPGRADE_PODS = 20  # at least this many pods created during the upgrade
@@ -103,3 +106,32 @@ def test_daemon_killed_and_restarted_by_the_kubelet(plexus_image: TwoNodes, name
     assert restarted["metadata"]["uid"] == daemon["metadata"]["uid"]
     (status,) = restarted["status"]["containerStatuses"]
     assert status["restartCount"] >= 1, status
+
+
+def test_uninstall_leaves_the_primary_network_only(plexus_image: TwoNodes, namespace: str) -> None:
+    tn = plexus_image
+    create_nad(tn.cluster, namespace, "lan-net", tn.macvlan_conf(LAN_SUBNET))
+    install.delete_daemonset(tn.cluster)
+    try:
+        for kn in tn.nodes:
+            done = subprocess.run(
+                [*kn.mounts.nsenter(), PLEXUS, "uninstall-cni"], capture_output=True, text=True
+            )
+            assert done.returncode == 0, done.stderr
+            assert sorted(p.name for p in kn.net_dir.iterdir()) == ["10-default.conflist"]
+            assert not [p.name for p in kn.node.bin.iterdir() if p.name.startswith("plexus")]
+            assert not kn.cni_state.exists()
+            assert not (kn.run_dir / "plexus").exists()
+            kn.wait_cni_network("default-net")
+        # A pod asking for the NAD now gets the node's primary network and nothing else.
+        kn = tn.nodes[0]
+        create(tn, namespace, ["after"], [kn])
+        uid = kn.wait_running(namespace, "after")["metadata"]["uid"]
+        (sandbox,) = kn.sandboxes(uid, ready_only=True)
+        assert sorted(addresses(kn.sandbox_netns(sandbox.id))) == ["eth0", "lo"]
+        kn.delete_pod(namespace, "after")
+    finally:  # Plexus back on the nodes for whatever runs next in the session
+        install.apply(tn.cluster, tn.image)
+        install.wait_daemonset(tn.cluster, tn.nodes, tn.image)
+        for kn in tn.nodes:
+            kn.wait_cni_network(NETWORK_NAME)

@@ -16,6 +16,7 @@ nodes never get the same address.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import shutil
 import tempfile
@@ -29,13 +30,15 @@ from meta.daemon.cniconfig import NETWORK_NAME
 from tests.cluster import install, kubelet
 from tests.cluster.apiserver import CONTROLLERS, Cluster, binary
 from tests.cluster.forward import LoopbackForward
-from tests.cluster.kubelet import KubeletNode, reserved_ips, run_all
+from tests.cluster.kubelet import KubeletNode, network_status, reserved_ips, run_all
 from tests.netns.conftest import Node, sh
+from tests.runtime.conftest import addresses
 
 UPLINK_PEER = "uplink1"  # Node's other end of its uplink veth
 BRIDGE = "lan0"
 # Per node: node IP (on its own `kubenode0`) and primary pod subnet (inside Node.bridge_conf's).
 NODE_ADDRESSES = (("192.0.2.11", "10.99.1.0/24"), ("192.0.2.12", "10.99.2.0/24"))
+LAN_SUBNET = "10.94.0.0/24"  # the LAN NAD: one range, one host-local store for both nodes
 MAX_PODS = 40  # the upgrade scenario's pod loop, the daemons and the test pods
 
 Json = dict[str, Any]
@@ -148,3 +151,34 @@ class TwoNodes:
                 lambda: shutil.rmtree(self.root, ignore_errors=True),
             ]
         )
+
+
+class PodOnNode:
+    """A Running pod as the test sees it: its node, sandbox netns, interfaces, status."""
+
+    def __init__(self, kn: KubeletNode, namespace: str, name: str) -> None:
+        self.kn = kn
+        self.name = name
+        self.uid = kn.wait_running(namespace, name)["metadata"]["uid"]
+        self.entries = network_status(kn, namespace, name)
+        (sandbox,) = kn.sandboxes(self.uid, ready_only=True)
+        self.sandbox_id = sandbox.id
+        self.netns = kn.sandbox_netns(sandbox.id)
+        self.links = addresses(self.netns)
+
+    def ip(self, ifname: str) -> str:
+        (address,) = self.links[ifname]["ips"]
+        return str(address)
+
+
+def check_networks(pod: PodOnNode, namespace: str) -> None:
+    """eth0 from the node's primary network, net1 from the LAN NAD, network-status true."""
+    assert sorted(pod.links) == ["eth0", "lo", "net1"]
+    assert [(e["name"], e["interface"], e["ips"], e["mac"]) for e in pod.entries] == [
+        ("default-net", "eth0", [pod.ip("eth0")], pod.links["eth0"]["mac"]),
+        (f"{namespace}/lan-net", "net1", [pod.ip("net1")], pod.links["net1"]["mac"]),
+    ]
+    assert pod.entries[0].get("default") is True and not pod.entries[1].get("default")
+    assert ipaddress.ip_address(pod.ip("eth0")) in ipaddress.ip_network(pod.kn.pod_subnet)
+    assert ipaddress.ip_address(pod.ip("net1")) in ipaddress.ip_network(LAN_SUBNET)
+    assert pod.sandbox_id in pod.kn.records()
