@@ -21,6 +21,7 @@ from tests.netns.conftest import node  # noqa: F401  (the daemon tests' node nam
 _STARTUP_KEY = pytest.StashKey[float]()
 _NODE_STARTUP_KEY = pytest.StashKey[float]()
 _TWO_NODES_STARTUP_KEY = pytest.StashKey[float]()
+_PLEXUS_INSTALL_KEY = pytest.StashKey[float]()
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +61,7 @@ def two_nodes(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[twon
         nodes.start()
         nodes.install_plexus()
         request.config.stash[_TWO_NODES_STARTUP_KEY] = nodes.startup_seconds
+        request.config.stash[_PLEXUS_INSTALL_KEY] = nodes.install_seconds
         yield nodes
     finally:
         nodes.close()
@@ -78,6 +80,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         (_STARTUP_KEY, "etcd + kube-apiserver ready with the NAD CRD"),
         (_NODE_STARTUP_KEY, "kubelet node (containerd + plexus daemon) Ready"),
         (_TWO_NODES_STARTUP_KEY, "controllers + two kubelet nodes on one LAN Ready"),
+        (_PLEXUS_INSTALL_KEY, "Plexus installed on both nodes"),
     ):
         seconds = terminalreporter.config.stash.get(key, None)
         if seconds is not None:

@@ -88,6 +88,7 @@ class TwoNodes:
         self.lan: Lan | None = None
         self.nodes: list[KubeletNode] = []
         self.startup_seconds = 0.0
+        self.install_seconds = 0.0
         self.image = ""  # the Plexus image the nodes run ("": started by hand)
         self.forwards: list[LoopbackForward] = []
 
@@ -108,6 +109,7 @@ class TwoNodes:
         """Put Plexus on every node; return once each node's containerd sets pods up
         through it. From the image and crds/ when this tree can build the image
         (tests/cluster/install.py), else `plexus daemon` started by hand on each node."""
+        began = time.monotonic()
         if install.available():
             self.image = install.IMAGE
             archive = install.build_image(self.image)
@@ -126,6 +128,7 @@ class TwoNodes:
                 kn.start_daemon()
         for kn in self.nodes:
             kn.wait_cni_network(NETWORK_NAME)
+        self.install_seconds = time.monotonic() - began
 
     def macvlan_conf(self, subnet: str) -> Json:
         """A macvlan NAD config on the nodes' uplinks (same name on every node), its
