@@ -35,12 +35,15 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         yield running
 
 
+def _require(missing: list[str]) -> None:
+    if missing:
+        pytest.skip(f"{', '.join(missing)} missing (run make setup)")
+
+
 @pytest.fixture(scope="module")
 def kubelet_node(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[kubelet.KubeletNode]:
     """A Ready node of `cluster`: a real kubelet on containerd with Plexus as its CNI."""
-    missing = kubelet.missing_binaries()
-    if missing:
-        pytest.skip(f"{', '.join(missing)} missing (run make setup)")
+    _require(kubelet.missing_binaries())
     kn = kubelet.KubeletNode(cluster)
     try:
         kn.start()
@@ -53,9 +56,7 @@ def kubelet_node(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[k
 @pytest.fixture(scope="session")
 def two_nodes(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[twonodes.TwoNodes]:
     """Controllers plus two Ready nodes on one LAN, Plexus installed on both."""
-    missing = twonodes.missing_binaries()
-    if missing:
-        pytest.skip(f"{', '.join(missing)} missing (run make setup)")
+    _require(twonodes.missing_binaries())
     nodes = twonodes.TwoNodes(cluster)
     try:
         nodes.start()
