@@ -40,7 +40,8 @@ REQUIRED = ("etcd", "kube-apiserver")
 CONTROLLERS = ("kube-controller-manager", "kube-scheduler")
 # What DaemonSets and their pods need: the DaemonSet controller; service-account tokens and
 # the kube-root-ca.crt ConfigMap (a pod's projected token volume); the garbage collector,
-# which deletes a deleted DaemonSet's pods. Nothing else runs (no node lifecycle taints).
+# which deletes a deleted DaemonSet's pods. Nothing else runs (not the node lifecycle
+# controller: see tests/cluster/twonodes.py).
 KCM_CONTROLLERS = (
     "daemonset-controller",
     "serviceaccount-token-controller",

@@ -103,6 +103,10 @@ class TwoNodes:
         # that started it, so a worker thread's exit would kill it.
         for kn in self.nodes:
             kn.start(with_daemon=False)
+            # The kubelet registers with the not-ready taint; the node lifecycle controller
+            # lifts it once Ready. That controller is not run (it evicts pods from a node
+            # whose heartbeats lag, which load here can cause): this does its lifting.
+            self.cluster.merge_patch(f"/api/v1/nodes/{kn.name}", {"spec": {"taints": None}})
         self.startup_seconds = time.monotonic() - began
 
     def install_plexus(self) -> None:
