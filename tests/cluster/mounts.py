@@ -25,6 +25,9 @@ from pathlib import Path
 from tests.runtime import containerd as ctrd
 
 SHARED = Path("/run/netns")  # sandbox netns: containerd mounts them, the host uses them
+# The outermost host paths this process made as mount points: whichever node closes last
+# removes them (another node of the session may still be using them when one closes).
+_MADE: set[Path] = set()
 
 
 def _run(*cmd: str) -> str:
@@ -61,7 +64,6 @@ class NodeMounts:
     def __init__(self, root: Path) -> None:
         self.holder = root / "mnt"
         self.file = self.holder / "ns"
-        self._made: list[Path] = []  # the outermost host paths made as mount points
 
     def create(self) -> None:
         self.holder.mkdir()
@@ -104,9 +106,10 @@ class NodeMounts:
         made on the host."""
         for path in (self.file, self.holder):
             subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
-        for path in reversed(self._made):
+        for path in sorted(_MADE):
             if not any(mounted_elsewhere(p) for p in (path, *path.rglob("*"))):
                 ctrd.remove_empty_tree(path)
+                _MADE.discard(path)
 
     def _in(self, *cmd: str) -> str:
         return _run(*self.nsenter(), *cmd)
@@ -125,4 +128,4 @@ class NodeMounts:
         while not outermost.parent.exists():
             outermost = outermost.parent
         target.mkdir(parents=True)
-        self._made.append(outermost)
+        _MADE.add(outermost)
