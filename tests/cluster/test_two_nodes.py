@@ -10,10 +10,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from tests.cluster.kubelet import NETWORKS, Json, create_nad
 from tests.cluster.twonodes import LAN_SUBNET, PodOnNode, TwoNodes, check_networks
 from tests.runtime.conftest import in_netns
 from tests.runtime.image import NAME as PAUSE_IMAGE
+
+# The first test also pays for the session's nodes and Plexus install (a cold image
+# build takes minutes).
+pytestmark = pytest.mark.timeout(900)
 
 
 def neighbour_mac(netns: str, ifname: str, ip: str) -> str:

@@ -23,6 +23,7 @@ from tests.cluster.twonodes import LAN_SUBNET, PodOnNode, TwoNodes, check_networ
 from tests.netns.daemon import PLEXUS
 from tests.runtime.conftest import addresses
 
+pytestmark = pytest.mark.timeout(900)  # may pay for the session's nodes and install
 UPGRADE_PODS = 20  # at least this many pods created during the upgrade
 NEXT_IMAGE = "localhost/plexus:next"
 
