@@ -23,7 +23,7 @@ from cri_api.v1 import api_pb2 as cri
 
 from tests.cluster.apiserver import REPO, SERVICE_IP, ApiError, Cluster
 from tests.cluster.forward import LoopbackForward
-from tests.cluster.kubelet import NETNS_DIR, KubeletNode
+from tests.cluster.kubelet import NETNS_DIR, KubeletNode, tail
 from tests.netns.conftest import sh
 
 BUILD_IMAGE = REPO / "scripts" / "build-image.sh"
@@ -100,10 +100,19 @@ def daemonset_ready(cluster: Cluster, nodes: int, image: str) -> bool:
 
 
 def wait_daemonset(cluster: Cluster, nodes: list[KubeletNode], image: str) -> None:
-    nodes[0].wait_for(
-        f"the plexus DaemonSet ready on {len(nodes)} nodes with {image}",
-        lambda: daemonset_ready(cluster, len(nodes), image),
-    )
+    try:
+        nodes[0].wait_for(
+            f"the plexus DaemonSet ready on {len(nodes)} nodes with {image}",
+            lambda: daemonset_ready(cluster, len(nodes), image),
+        )
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{daemon_logs(nodes)}") from None
+
+
+def daemon_logs(nodes: list[KubeletNode]) -> str:
+    """The tails of the daemon pods' container logs (the kubelet's pod logs dir)."""
+    logs = [log for kn in nodes for log in kn.kubelet.root.glob("pod-logs/kube-system_*/*/*.log")]
+    return "\n".join(f"--- {log}\n{tail(log, 30)}" for log in sorted(logs))
 
 
 def delete_daemonset(cluster: Cluster) -> None:

@@ -749,7 +749,7 @@ class KubeletNode:
             return
         ids = [sandbox.id for sandbox in self.sandboxes()]
         for sandbox_id in ids:
-            with contextlib.suppress(grpc.RpcError):
+            with contextlib.suppress(grpc.RpcError, AssertionError):  # hostNetwork: no netns
                 self.sandbox_netns(sandbox_id)
         with ThreadPoolExecutor(max(1, len(ids))) as pool:
             list(pool.map(self._remove_sandbox, ids))
