@@ -39,7 +39,7 @@ BRIDGE = "lan0"
 # Per node: node IP (on its own `kubenode0`) and primary pod subnet (inside Node.bridge_conf's).
 NODE_ADDRESSES = (("192.0.2.11", "10.99.1.0/24"), ("192.0.2.12", "10.99.2.0/24"))
 LAN_SUBNET = "10.94.0.0/24"  # the LAN NAD: one range, one host-local store for both nodes
-MAX_PODS = 40  # the upgrade scenario's pod loop, the daemons and the test pods
+MAX_PODS = 40  # room for pod bursts (an upgrade scenario), the daemons and the test pods
 
 Json = dict[str, Any]
 
