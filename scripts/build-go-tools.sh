@@ -130,6 +130,14 @@ build kubernetes "$KUBE_VERSION" k8s.io/kubernetes "$(kube_ldflags)" kube_replac
     kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
     kubelet=k8s.io/kubernetes/cmd/kubelet
 
-for b in cnitool multus multus-daemon multus-shim etcd kube-apiserver kubelet; do
+# The control loops the two-node tier needs (DaemonSets, service-account tokens, scheduling):
+# same module and pinning as the kubelet, in their own cache dir so adding them does not
+# rebuild the binaries above (the Go build cache is shared, so most packages are reused).
+build kube-controllers "$KUBE_VERSION" k8s.io/kubernetes "$(kube_ldflags)" kube_replaces \
+    kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
+    kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler
+
+for b in cnitool multus multus-daemon multus-shim etcd kube-apiserver kubelet \
+    kube-controller-manager kube-scheduler; do
     printf '%-15s %s\n' "$b" "$(readlink -f "$ROOT/bin/$b")"
 done

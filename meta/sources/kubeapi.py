@@ -55,7 +55,9 @@ class KubeAPI:
             "authorization"
         ) or self._cfg.get_api_key_with_prefix("BearerToken")
         if token:
-            headers["Authorization"] = token if token.startswith("Bearer ") else f"Bearer {token}"
+            headers["Authorization"] = (
+                token if token.lower().startswith("bearer ") else f"Bearer {token}"
+            )
         return headers
 
     def request(

@@ -3,8 +3,10 @@
 `Cluster.start()` generates a PKI with the openssl CLI, starts etcd and kube-apiserver
 (built by scripts/build-go-tools.sh) on free loopback ports with all state in one temp dir,
 waits for /readyz, writes a kubeconfig for an admin in system:masters and applies the NAD
-CRD. `Cluster.stop()` terminates both processes by PID and removes the temp dir. There is
-no scheduler, controller-manager or kubelet: pods stay Pending.
+CRD. `Cluster.stop()` terminates its processes by PID and removes the temp dir. There is
+no scheduler, controller-manager or kubelet, so pods stay Pending, unless a test calls
+`start_controllers()` (kube-controller-manager with the controllers DaemonSets need, and
+kube-scheduler), which `stop_controllers()` ends again.
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ NAD_CRD = REPO / "crds" / "network-attachment-definition.yaml"
 NAD_GROUP_VERSION = "k8s.cni.cncf.io/v1"
 TOOLS = Path(os.environ.get("PLEXUS_GO_TOOLS", "/var/cache/plexus-go-tools")) / "bin"
 REQUIRED = ("etcd", "kube-apiserver")
+CONTROLLERS = ("kube-controller-manager", "kube-scheduler")
+# What DaemonSets and their pods need: the DaemonSet controller; service-account tokens and
+# the kube-root-ca.crt ConfigMap (a pod's projected token volume); the garbage collector,
+# which deletes a deleted DaemonSet's pods. Nothing else runs (not the node lifecycle
+# controller: see tests/cluster/twonodes.py).
+KCM_CONTROLLERS = (
+    "daemonset-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "garbage-collector-controller",
+)
 SERVICE_CIDR = "10.96.0.0/24"
 SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
 ADMIN_USER = "plexus-admin"
@@ -209,11 +222,46 @@ class Cluster:
 
     def stop(self) -> None:
         """Terminate every process this cluster started (by PID), then remove its dir."""
+        self.stop_controllers()
         for name in ("kube-apiserver", "etcd"):
             proc = self.procs.pop(name, None)
             if proc is not None:
                 self._terminate(proc)
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def start_controllers(self) -> None:
+        """kube-controller-manager and kube-scheduler as the admin, serving no port; ready
+        once the controller-manager has published kube-root-ca.crt."""
+        assert self.pki is not None
+        common = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false", "--secure-port=0"]
+        self._spawn(
+            "kube-controller-manager",
+            [
+                *common,
+                f"--controllers={','.join(KCM_CONTROLLERS)}",
+                f"--service-account-private-key-file={self.pki.sa_key}",
+                f"--root-ca-file={self.pki.ca_crt}",
+                "--v=1",
+            ],
+        )
+        self._spawn("kube-scheduler", [*common, "--v=1"])
+        for name in CONTROLLERS:
+            self._wait(name, self._published_root_ca)
+
+    def _published_root_ca(self) -> bool:
+        try:
+            self.get("/api/v1/namespaces/default/configmaps/kube-root-ca.crt")
+        except ApiError as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
+
+    def stop_controllers(self) -> None:
+        for name in CONTROLLERS:
+            proc = self.procs.pop(name, None)
+            if proc is not None:
+                self._terminate(proc)
 
     @staticmethod
     def _terminate(proc: subprocess.Popen[bytes]) -> None:

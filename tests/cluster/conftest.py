@@ -3,7 +3,8 @@
 The control plane starts lazily, on the first test that asks for `cluster`, and the tier
 skips when scripts/build-go-tools.sh has not built the binaries. `kubelet_node` adds a
 real node to it (tests/cluster/kubelet.py: kubelet + containerd + the Plexus daemon),
-once per module that asks for it.
+once per module that asks for it. `two_nodes` adds the controllers and two such nodes on a
+shared L2 (tests/cluster/twonodes.py), once per session, with Plexus installed on both.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster import kubelet
+from tests.cluster import kubelet, twonodes
 from tests.cluster.apiserver import TOOLS, Cluster, missing_binaries
 from tests.netns.conftest import node  # noqa: F401  (the daemon tests' node namespace)
 
 _STARTUP_KEY = pytest.StashKey[float]()
 _NODE_STARTUP_KEY = pytest.StashKey[float]()
+_TWO_NODES_STARTUP_KEY = pytest.StashKey[float]()
+_PLEXUS_INSTALL_KEY = pytest.StashKey[float]()
 
 
 @pytest.fixture(scope="session")
@@ -32,12 +35,15 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         yield running
 
 
+def _require(missing: list[str]) -> None:
+    if missing:
+        pytest.skip(f"{', '.join(missing)} missing (run make setup)")
+
+
 @pytest.fixture(scope="module")
 def kubelet_node(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[kubelet.KubeletNode]:
     """A Ready node of `cluster`: a real kubelet on containerd with Plexus as its CNI."""
-    missing = kubelet.missing_binaries()
-    if missing:
-        pytest.skip(f"{', '.join(missing)} missing (run make setup)")
+    _require(kubelet.missing_binaries())
     kn = kubelet.KubeletNode(cluster)
     try:
         kn.start()
@@ -45,6 +51,21 @@ def kubelet_node(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[k
         yield kn
     finally:
         kn.close()
+
+
+@pytest.fixture(scope="session")
+def two_nodes(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[twonodes.TwoNodes]:
+    """Controllers plus two Ready nodes on one LAN, Plexus installed on both."""
+    _require(twonodes.missing_binaries())
+    nodes = twonodes.TwoNodes(cluster)
+    try:
+        nodes.start()
+        nodes.install_plexus()
+        request.config.stash[_TWO_NODES_STARTUP_KEY] = nodes.startup_seconds
+        request.config.stash[_PLEXUS_INSTALL_KEY] = nodes.install_seconds
+        yield nodes
+    finally:
+        nodes.close()
 
 
 @pytest.fixture
@@ -56,13 +77,12 @@ def namespace(cluster: Cluster) -> str:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    seconds = terminalreporter.config.stash.get(_STARTUP_KEY, None)
-    if seconds is not None:
-        terminalreporter.write_line(
-            f"cluster tier: etcd + kube-apiserver ready with the NAD CRD in {seconds:.1f} s"
-        )
-    seconds = terminalreporter.config.stash.get(_NODE_STARTUP_KEY, None)
-    if seconds is not None:
-        terminalreporter.write_line(
-            f"cluster tier: kubelet node (containerd + plexus daemon) Ready in {seconds:.1f} s"
-        )
+    for key, what in (
+        (_STARTUP_KEY, "etcd + kube-apiserver ready with the NAD CRD"),
+        (_NODE_STARTUP_KEY, "kubelet node (containerd + plexus daemon) Ready"),
+        (_TWO_NODES_STARTUP_KEY, "controllers + two kubelet nodes on one LAN Ready"),
+        (_PLEXUS_INSTALL_KEY, "Plexus installed on both nodes"),
+    ):
+        seconds = terminalreporter.config.stash.get(key, None)
+        if seconds is not None:
+            terminalreporter.write_line(f"cluster tier: {what} in {seconds:.1f} s")

@@ -3,7 +3,9 @@
 The daemon under test runs in a private node namespace whose loopback is its own;
 this forwards 127.0.0.1:<port> there to 127.0.0.1:<port> on the host, so the
 kubeconfig (and its certificate's 127.0.0.1 SAN) works unchanged. `stop()` cuts
-the line, which is how tests take the API server away from the daemon.
+the line, which is how tests take the API server away from the daemon. With `listen`, the
+relay answers on another address of the namespace instead (the `kubernetes` Service's
+ClusterIP, which in-cluster clients dial, as kube-proxy would make it work).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from delegates.netns import run_in_netns
 class LoopbackForward:
     """A TCP relay from a namespace's loopback to the host's."""
 
-    def __init__(self, netns_path: str, port: int) -> None:
+    def __init__(self, netns_path: str, port: int, listen: tuple[str, int] | None = None) -> None:
         self.netns_path = netns_path
         self.port = port
+        self.listen = listen or ("127.0.0.1", port)
         self._listener: socket.socket | None = None
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -29,7 +32,7 @@ class LoopbackForward:
         def listen() -> socket.socket:
             sock = socket.socket()
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", self.port))
+            sock.bind(self.listen)
             sock.listen(64)
             return sock
 

@@ -21,20 +21,25 @@ The kubelet serves device plugins at the fixed /var/lib/kubelet/device-plugins (
 its --root-dir), and insists on six host-wide sysctls (overcommit_memory=1, panic_on_oops=1,
 kernel.panic=10, ...) and, with protectKernelDefaults false, writes them to the host
 kernel; with it true it refuses to start. Neither is acceptable on a shared machine, so
-it runs in a private mount namespace where those six /proc/sys files are FAKE (read-only
-bind mounts of files holding the values it wants) and where its root dir's
-`device-plugins` is bound over the fixed path. Nothing of the host's kernel changes, and
-on the host only that path's (empty) directories are made, if absent.
+containerd and the kubelet run in the node's own mount namespace (tests/cluster/mounts.py)
+where those six /proc/sys files are FAKE (read-only bind mounts of files holding the values
+it wants), its root dir's `device-plugins` is bound over the fixed path, and the node's
+dirs are bound over the host paths a DaemonSet of Plexus mounts (`/opt/cni/bin`,
+`/etc/cni/net.d`, `/run/plexus`, ...). Sharing that namespace, containerd sees the
+kubelet's volume mounts (a pod's service-account token). Nothing of the host's kernel
+changes, and on the host only those paths' (empty) directories are made, if absent.
 
 `close()` undoes it all even after a failure: pods bound to the node force-deleted in the
 API, the kubelet stopped by PID, every sandbox stopped and removed through CRI,
 containerd stopped by PID (and its shims), the daemon stopped, sandbox netns, libcni
-results, mounts and cgroups removed, the Node object deleted, the temp dir removed.
+results, mounts and cgroups removed, the mount namespace dropped, the Node object deleted,
+the temp dir removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import shutil
 import signal
@@ -60,6 +65,7 @@ from tests.cluster.apiserver import (
     free_ports,
 )
 from tests.cluster.forward import LoopbackForward
+from tests.cluster.mounts import NodeMounts
 from tests.netns.conftest import Node, sh
 from tests.netns.daemon import PLEXUS, Daemon
 from tests.runtime import containerd as ctrd
@@ -76,11 +82,12 @@ NETNS_DIR = Path("/run/netns")
 HOST_DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
 # Directories made outside the temp dir (by containerd, libcni, or as the mount point
 # above): removed after the node if they were absent before it and are empty.
-HOST_DIRS = (Path("/run/containerd"), Path("/var/lib/cni"), Path("/var/lib/kubelet"))
-LIBCNI_RESULTS = Path("/var/lib/cni/results")
+HOST_POD_RESOURCES_DIR = Path("/var/lib/kubelet/pod-resources")
 KUBELET_TIMEOUT = 90.0
 POD_TIMEOUT = 60.0
 NETWORKS = "k8s.v1.cni.cncf.io/networks"
+STATUS = "k8s.v1.cni.cncf.io/network-status"
+RESOURCE_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 
 # What kubelet's cm.setupKernelTunables wants to read (the FAKE /proc/sys files).
 KERNEL_TUNABLES = {
@@ -145,11 +152,23 @@ class NodeDaemon(Daemon):
 class Kubelet:
     """One kubelet process in the node namespace, started and stopped by PID."""
 
-    def __init__(self, root: Path, name: str, netns: str, runtime_socket: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        name: str,
+        netns: str,
+        runtime_socket: Path,
+        enter: list[str],
+        node_ip: str = NODE_IP,
+        max_pods: int = 16,
+    ) -> None:
         self.root = root
+        self.enter = enter  # the command prefix entering the node's mount namespace
         self.name = name
         self.netns = netns
         self.runtime_socket = runtime_socket
+        self.node_ip = node_ip
+        self.max_pods = max_pods
         self.root_dir = root / "root"
         self.cert_dir = root / "pki"
         self.config = root / "config.yaml"
@@ -171,6 +190,13 @@ class Kubelet:
     @property
     def pod_resources_socket(self) -> Path:
         return self.root_dir / "pod-resources" / "kubelet.sock"
+
+    def fake_sysctls(self) -> dict[Path, Path]:
+        """FAKE file -> the /proc/sys file it stands for in the node's mount namespace."""
+        return {self._fake_sysctl(key): Path("/proc/sys") / key for key in KERNEL_TUNABLES}
+
+    def _fake_sysctl(self, key: str) -> Path:
+        return self.root / "sysctl" / key
 
     def write_files(self, cluster: Cluster) -> None:
         """The node's client certificate and kubeconfig, the config and the FAKE sysctls."""
@@ -194,10 +220,10 @@ class Kubelet:
         config = self.configuration()
         config["authentication"]["x509"] = {"clientCAFile": str(cluster.pki.ca_crt)}
         self.config.write_text(yaml.safe_dump(config, sort_keys=False))
-        sysctls = self.root / "sysctl"
-        for name, value in KERNEL_TUNABLES.items():
-            (sysctls / name).parent.mkdir(parents=True, exist_ok=True)
-            (sysctls / name).write_text(f"{value}\n")
+        for tunable, value in KERNEL_TUNABLES.items():
+            fake = self._fake_sysctl(tunable)
+            fake.parent.mkdir(parents=True, exist_ok=True)
+            fake.write_text(f"{value}\n")
 
     def configuration(self) -> Json:
         disabled = "0%"  # an eviction threshold of 0% is ignored
@@ -245,34 +271,23 @@ class Kubelet:
             "syncFrequency": "10s",
             "fileCheckFrequency": "1h",
             "registerNode": True,
-            "maxPods": 16,
+            "maxPods": self.max_pods,
         }
 
     def command(self) -> list[str]:
-        """The kubelet in a private mount namespace (the FAKE sysctls, its device-plugins
-        dir bound over the fixed path), in the node netns."""
-        binds = [
-            f"mount --bind -o ro {self.root / 'sysctl' / key} /proc/sys/{key}"
-            for key in KERNEL_TUNABLES
-        ]
-        binds.append(f"mount --bind {self.device_plugins_dir} {HOST_DEVICE_PLUGINS_DIR}")
-        script = " && ".join([*binds, 'exec "$@"'])
+        """The kubelet in the node's mount namespace and netns."""
         return [
             # PDEATHSIG from setpriv, not a preexec_fn: a Python fork with gRPC's
             # threads running (our CRI channel) aborts in the child.
             "setpriv", "--pdeathsig", "KILL", "--",
-            # Private propagation: none of these mounts is seen outside. (Pod volumes
-            # would need the kubelet's mounts to reach containerd; our pods have none.)
-            "unshare", "--mount", "--propagation", "private", "--",
-            "sh", "-ec", script, "kubelet",
-            "nsenter", f"--net={NETNS_DIR / self.netns}", "--",
+            *self.enter, f"--net={NETNS_DIR / self.netns}", "--",
             str(KUBELET),
             f"--config={self.config}",
             f"--kubeconfig={self.kubeconfig}",
             f"--root-dir={self.root_dir}",
             f"--cert-dir={self.cert_dir}",
             f"--hostname-override={self.name}",
-            f"--node-ip={NODE_IP}",
+            f"--node-ip={self.node_ip}",
             "--v=2",
         ]  # fmt: skip
 
@@ -309,17 +324,25 @@ class Kubelet:
         return tail(self.log, lines)
 
 
-def _mounted_elsewhere(path: Path) -> bool:
-    """Whether some process's mount namespace has a mount at `path` (another session's
-    kubelet: removing the directory would detach its bind mount)."""
-    for mountinfo in Path("/proc").glob("[0-9]*/mountinfo"):
+def run_all(steps: list[Callable[[], object]]) -> None:
+    """Run every teardown step even if an earlier one failed; raise the first error."""
+    errors: list[BaseException] = []
+    for step in steps:
         try:
-            lines = mountinfo.read_text().splitlines()
-        except OSError:
-            continue
-        if any(line.split()[4] == str(path) for line in lines):
-            return True
-    return False
+            step()
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
+def reserved_ips(store: Path) -> list[str]:
+    """The addresses a host-local store (its dataDir) holds, in any range."""
+    found = []
+    for path in store.rglob("*"):
+        with contextlib.suppress(ValueError):
+            found.append(str(ipaddress.ip_address(path.name)))
+    return sorted(found)
 
 
 def _two_free_ports() -> tuple[int, int]:
@@ -328,51 +351,71 @@ def _two_free_ports() -> tuple[int, int]:
 
 
 class KubeletNode:
-    """The whole node: netns, API relay, Plexus daemon, containerd and kubelet."""
+    """The whole node: netns, API relay, Plexus daemon, containerd and kubelet.
 
-    def __init__(self, cluster: Cluster) -> None:
+    Several can join one cluster: each has its own names, dirs, sockets, `node_ip` and
+    primary pod subnet (`pod_subnet`, default Node.bridge_conf()'s)."""
+
+    def __init__(
+        self, cluster: Cluster, node_ip: str = NODE_IP, pod_subnet: str = "", max_pods: int = 16
+    ) -> None:
         self.cluster = cluster
+        self.node_ip = node_ip
+        self.pod_subnet = pod_subnet
         # Unix socket paths (device plugins, CRI) must stay short: not pytest's tmp dirs.
         self.root = Path(tempfile.mkdtemp(prefix="pxk-"))
         (self.root / "node").mkdir()
         self.node = Node(self.root / "node")
         try:
-            self._setup()
+            self._setup(max_pods)
         except BaseException:
             self.node.close()
             shutil.rmtree(self.root, ignore_errors=True)
             raise
 
-    def _setup(self) -> None:
+    def _setup(self, max_pods: int) -> None:
         self.name = f"pxt-kubelet-{self.node.tag}"
         self.net_dir = self.root / "net.d"
-        self.devinfo_dir = self.root / "devinfo"
+        # The node's own /run and /var/lib/cni (its mount namespace has them there), with
+        # Plexus's state where a DaemonSet puts it; the hand-started daemon uses them too.
+        self.run_dir = self.root / "run"
+        self.var_lib_cni = self.root / "var-lib-cni"
+        self.cni_state = self.var_lib_cni / "plexus"
+        self.devinfo_dir = self.run_dir / "k8s.cni.cncf.io" / "devinfo"
         self.forward: LoopbackForward | None = None
         self.daemon: NodeDaemon | None = None
         (self.root / "containerd").mkdir()
         (self.root / "kubelet").mkdir()
+        self.mounts = NodeMounts(self.root)
         self.containerd = ctrd.Containerd(
             self.root / "containerd",
             self.node.name,
             self.node.bin,
             self.net_dir,
             cgroup_parent=f"/{self.name}",  # only for sandboxes run by hand, not the kubelet's
+            enter=self.mounts.nsenter(),
         )
         self.kubelet = Kubelet(
-            self.root / "kubelet", self.name, self.node.name, self.containerd.socket
+            self.root / "kubelet",
+            self.name,
+            self.node.name,
+            self.containerd.socket,
+            self.mounts.nsenter(),
+            self.node_ip,
+            max_pods,
         )
         self.startup_seconds = 0.0
-        self._absent = [path for path in HOST_DIRS if not path.exists()]
         self._sandbox_netns: set[str] = set()  # every sandbox netns path seen, for cleanup
-        self._sandbox_ids: set[str] = set()
 
     # -- start ---------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, with_daemon: bool = True) -> None:
+        """Bring the node up to Ready; `with_daemon=False` leaves Plexus out (the node runs
+        on its primary network until something installs Plexus, e.g. start_daemon())."""
         began = time.monotonic()
         sh("ip", "link", "add", NODE_LINK, "type", "veth", "peer", "name", "kubenode1",
            netns=self.node.name)  # fmt: skip
-        sh("ip", "addr", "add", f"{NODE_IP}/24", "dev", NODE_LINK, netns=self.node.name)
+        sh("ip", "addr", "add", f"{self.node_ip}/24", "dev", NODE_LINK, netns=self.node.name)
         for link in (NODE_LINK, "kubenode1"):
             sh("ip", "link", "set", link, "up", netns=self.node.name)
         port = int(self.cluster.server.rsplit(":", 1)[1])
@@ -380,21 +423,15 @@ class KubeletNode:
         self.forward.start()
 
         self.net_dir.mkdir()
-        primary = {
-            "cniVersion": "1.0.0",
-            "name": "default-net",
-            "plugins": [self.node.bridge_conf()],
-        }
-        (self.net_dir / "10-default.conflist").write_text(json.dumps(primary))
-        self.daemon = NodeDaemon(self.node, self.name, **self.daemon_settings())
-        self.daemon.start()
-        self._wait("00-plexus.conflist", lambda: (self.net_dir / GENERATED_NAME).exists(), 30)
+        (self.net_dir / "10-default.conflist").write_text(json.dumps(self.primary_conflist()))
+        if with_daemon:
+            self.start_daemon()
 
+        self.kubelet.write_files(self.cluster)
+        self.make_mounts()
         self.containerd.start()
         self.containerd.import_image(build_pause_image(self.root))
 
-        self.kubelet.write_files(self.cluster)
-        HOST_DEVICE_PLUGINS_DIR.mkdir(parents=True, exist_ok=True)  # the mount point
         self.cluster.create(
             "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
             {
@@ -417,6 +454,55 @@ class KubeletNode:
         self.wait_node_ready()
         self.startup_seconds = time.monotonic() - began
 
+    def make_mounts(self) -> None:
+        """The node's mount namespace: the kubelet's FAKE sysctls and device-plugins dir,
+        and the node's dirs at the host paths a DaemonSet of Plexus mounts."""
+        self.mounts.create()
+        for fake, real in self.kubelet.fake_sysctls().items():
+            self.mounts.bind(fake, real, read_only=True)
+        self.run_dir.mkdir(exist_ok=True)
+        self.mounts.own_run(self.run_dir)
+        for source, target in (
+            (self.kubelet.device_plugins_dir, HOST_DEVICE_PLUGINS_DIR),
+            (self.kubelet.pod_resources_socket.parent, HOST_POD_RESOURCES_DIR),
+            (self.var_lib_cni, Path("/var/lib/cni")),
+            (self.node.bin, Path("/opt/cni/bin")),
+            (self.net_dir, Path("/etc/cni/net.d")),
+        ):
+            source.mkdir(parents=True, exist_ok=True)
+            self.mounts.bind(source, target)
+
+    def primary_conflist(self) -> Json:
+        """The node's own pod network (reference bridge + host-local), which Plexus wraps."""
+        bridge = self.node.bridge_conf()
+        if self.pod_subnet:
+            bridge["ipam"]["ranges"] = [[{"subnet": self.pod_subnet}]]
+        return {"cniVersion": "1.0.0", "name": "default-net", "plugins": [bridge]}
+
+    def start_daemon(self) -> None:
+        """`plexus daemon` started by hand in the node namespace; returns once it has
+        written the generated conflist."""
+        self.daemon = NodeDaemon(self.node, self.name, **self.daemon_settings())
+        self.daemon.start()
+        self._wait("00-plexus.conflist", lambda: (self.net_dir / GENERATED_NAME).exists(), 30)
+
+    def wait_cni_network(self, name: str) -> None:
+        """Until containerd's CRI has loaded the network config named `name` (it re-reads
+        its conf dir on its own; a pod started before would get the previous network)."""
+        self.wait_for(
+            f"containerd to load CNI network {name!r}",
+            lambda: self.cni_networks() == [name],
+        )
+
+    def cni_networks(self) -> list[str]:
+        """The networks containerd's CRI set up pods with now (loopback aside)."""
+        done: cri.StatusResponse = self.containerd.runtime.Status(
+            cri.StatusRequest(verbose=True), timeout=ctrd.CRI_TIMEOUT
+        )
+        loaded = json.loads(done.info.get("cniconfig", "{}")).get("Networks") or []
+        names = [str(net["Config"]["Name"]) for net in loaded]
+        return [name for name in names if name != "cni-loopback"]
+
     def daemon_settings(self) -> Json:
         return {
             # Node.meta()'s cniVersion is 1.1.0, which containerd 1.6's libcni cannot read;
@@ -424,6 +510,8 @@ class KubeletNode:
             "clusterDir": "",
             "kubeconfig": str(self.cluster.kubeconfig),
             "cniConfigDir": str(self.net_dir),
+            "cniDir": str(self.cni_state),
+            "socketDir": str(self.run_dir / "plexus"),
             "podResourcesSocket": str(self.kubelet.pod_resources_socket),
             # No checkpoint fallback: a pod's device IDs can only come from the kubelet's
             # PodResources API (the real kubelet's own checkpoint would do as well).
@@ -525,8 +613,6 @@ class KubeletNode:
             ),
             timeout=ctrd.CRI_TIMEOUT,
         )
-        for item in done.items:
-            self._sandbox_ids.add(item.id)
         return list(done.items)
 
     def sandbox_netns(self, sandbox_id: str) -> str:
@@ -602,8 +688,11 @@ class KubeletNode:
 
     def run_pod(self, namespace: str, manifest: Json) -> Json:
         """Create the pod in the API and wait until it is Running; return it."""
-        name = manifest["metadata"]["name"]
         self.cluster.create(f"/api/v1/namespaces/{namespace}/pods", manifest)
+        return self.wait_running(namespace, manifest["metadata"]["name"])
+
+    def wait_running(self, namespace: str, name: str) -> Json:
+        """Wait until the pod is Running on this node; return it."""
         pod = self.wait_pod(
             namespace,
             name,
@@ -620,15 +709,15 @@ class KubeletNode:
 
     def libcni_result(self, sandbox_id: str) -> Path:
         """containerd's libcni cache of the sandbox's ADD (our generated network, eth0)."""
-        return LIBCNI_RESULTS / f"{NETWORK_NAME}-{sandbox_id}-eth0"
+        return self.var_lib_cni / "results" / f"{NETWORK_NAME}-{sandbox_id}-eth0"
 
     def record(self, container_id: str) -> Json:
         """Plexus's attachment record of a sandbox (meta/records.py)."""
-        record: Json = json.loads((self.node.cni_dir / "records" / container_id).read_text())
+        record: Json = json.loads((self.cni_state / "records" / container_id).read_text())
         return record
 
     def records(self) -> set[str]:
-        path = self.node.cni_dir / "records"
+        path = self.cni_state / "records"
         return {p.name for p in path.iterdir()} if path.is_dir() else set()
 
     # -- teardown --------------------------------------------------------------------
@@ -660,22 +749,20 @@ class KubeletNode:
             return
         ids = [sandbox.id for sandbox in self.sandboxes()]
         for sandbox_id in ids:
-            with contextlib.suppress(grpc.RpcError):
+            with contextlib.suppress(grpc.RpcError, AssertionError):  # hostNetwork: no netns
                 self.sandbox_netns(sandbox_id)
         with ThreadPoolExecutor(max(1, len(ids))) as pool:
             list(pool.map(self._remove_sandbox, ids))
         self.containerd.teardown_all()
 
     def _remove_host_state(self) -> None:
-        """Sandbox netns, libcni results, mounts and cgroups containerd may have left."""
+        """Sandbox netns (on the host's /run/netns), mounts and cgroups containerd may have
+        left. (Its libcni results are in the node's own /var/lib/cni, under the temp dir.)"""
         for path in self._sandbox_netns:
             if Path(path).exists():
                 subprocess.run(["umount", path], capture_output=True, check=False)
                 with contextlib.suppress(OSError):
                     Path(path).unlink()
-        for sandbox_id in self._sandbox_ids:
-            for result in LIBCNI_RESULTS.glob(f"{NETWORK_NAME}-{sandbox_id}-*"):
-                result.unlink(missing_ok=True)
         ctrd.unmount_under(self.root)
         ctrd.remove_cgroups(self.kubelet.cgroup_root)
 
@@ -689,36 +776,53 @@ class KubeletNode:
 
     def _remove_dirs(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
-        for host_dir in self._absent:
-            if host_dir in HOST_DEVICE_PLUGINS_DIR.parents and _mounted_elsewhere(
-                HOST_DEVICE_PLUGINS_DIR
-            ):
-                continue  # another session's kubelet has its bind mount there
-            ctrd.remove_empty_tree(host_dir)
 
     def close(self) -> None:
-        """Undo everything start() did, whatever state it reached: every step runs even
-        if an earlier one failed; the first error is raised at the end."""
-        steps: list[Callable[[], object]] = [
-            self.delete_node_pods,
-            self.kubelet.stop,
-            self._remove_sandboxes,
-            self.containerd.stop,
-            lambda: self.daemon.stop() if self.daemon is not None else None,
-            lambda: self.forward.stop() if self.forward is not None else None,
-            self._remove_host_state,
-            self._remove_api_objects,
-            self.node.close,
-            self._remove_dirs,
-        ]
-        errors: list[BaseException] = []
-        for step in steps:
-            try:
-                step()
-            except Exception as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        """Undo everything start() did, whatever state it reached."""
+        run_all(
+            [
+                self.delete_node_pods,
+                self.kubelet.stop,
+                self._remove_sandboxes,
+                self.containerd.stop,
+                lambda: self.daemon.stop() if self.daemon is not None else None,
+                lambda: self.forward.stop() if self.forward is not None else None,
+                self._remove_host_state,
+                self.mounts.close,
+                self._remove_api_objects,
+                self.node.close,
+                self._remove_dirs,
+            ]
+        )
+
+
+def create_nad(
+    cluster: Cluster, namespace: str, name: str, config: dict[str, Any], resource: str = ""
+) -> None:
+    metadata: dict[str, Any] = {"name": name}
+    if resource:
+        metadata["annotations"] = {RESOURCE_ANNOTATION: resource}
+    cluster.create(
+        f"/apis/k8s.cni.cncf.io/v1/namespaces/{namespace}/network-attachment-definitions",
+        {
+            "apiVersion": "k8s.cni.cncf.io/v1",
+            "kind": "NetworkAttachmentDefinition",
+            "metadata": metadata,
+            "spec": {"config": json.dumps(config)},
+        },
+    )
+
+
+def network_status(kn: KubeletNode, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The pod's network-status annotation, once Plexus has written it."""
+    pod = kn.wait_pod(
+        namespace,
+        name,
+        lambda p: STATUS in ((p or {}).get("metadata", {}).get("annotations") or {}),
+        "annotated with network-status",
+    )
+    assert pod is not None
+    return list(json.loads(pod["metadata"]["annotations"][STATUS]))
 
 
 class DevicePlugin:

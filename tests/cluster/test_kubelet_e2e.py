@@ -14,16 +14,18 @@ import ipaddress
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.cluster.apiserver import Cluster
-from tests.cluster.kubelet import DevicePlugin, KubeletNode
+from tests.cluster.kubelet import (
+    DevicePlugin,
+    KubeletNode,
+    create_nad,
+    network_status,
+)
 from tests.runtime.conftest import addresses, in_netns
 
-STATUS = "k8s.v1.cni.cncf.io/network-status"
-RESOURCE_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 DEFAULT_SUBNET = "10.99.0.0/16"  # Node.bridge_conf(), the node's primary network
 MACVLAN_SUBNET = "10.98.0.0/16"
 VF_SUBNET = "10.97.0.0/16"
@@ -32,35 +34,6 @@ VFS = ["0000:3b:02.0", "0000:3b:02.1"]
 RESOURCE_NAME = "uplink_vfs"
 RESOURCE = f"intel.com/{RESOURCE_NAME}"
 RESOURCE_ENV = "PCIDEVICE_INTEL_COM_UPLINK_VFS"
-
-
-def create_nad(
-    cluster: Cluster, namespace: str, name: str, config: dict[str, Any], resource: str = ""
-) -> None:
-    metadata: dict[str, Any] = {"name": name}
-    if resource:
-        metadata["annotations"] = {RESOURCE_ANNOTATION: resource}
-    cluster.create(
-        f"/apis/k8s.cni.cncf.io/v1/namespaces/{namespace}/network-attachment-definitions",
-        {
-            "apiVersion": "k8s.cni.cncf.io/v1",
-            "kind": "NetworkAttachmentDefinition",
-            "metadata": metadata,
-            "spec": {"config": json.dumps(config)},
-        },
-    )
-
-
-def network_status(kn: KubeletNode, namespace: str, name: str) -> list[dict[str, Any]]:
-    """The pod's network-status annotation, once Plexus has written it."""
-    pod = kn.wait_pod(
-        namespace,
-        name,
-        lambda p: STATUS in ((p or {}).get("metadata", {}).get("annotations") or {}),
-        "annotated with network-status",
-    )
-    assert pod is not None
-    return list(json.loads(pod["metadata"]["annotations"][STATUS]))
 
 
 def events(cluster: Cluster, namespace: str, uid: str, reason: str) -> list[str]:

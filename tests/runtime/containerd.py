@@ -19,7 +19,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,16 @@ class Containerd:
     """One containerd process with the CRI plugin, in the node namespace `netns`."""
 
     def __init__(
-        self, workdir: Path, netns: str, bin_dir: Path, conf_dir: Path, cgroup_parent: str
+        self,
+        workdir: Path,
+        netns: str,
+        bin_dir: Path,
+        conf_dir: Path,
+        cgroup_parent: str,
+        enter: Sequence[str] = ("nsenter",),
     ) -> None:
         self.dir = workdir
+        self.enter = list(enter)  # nsenter with any namespace besides the node netns
         self.cgroup_parent = cgroup_parent
         self.netns = netns
         self.bin_dir = bin_dir
@@ -121,7 +128,7 @@ disabled_plugins = [
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [
-                    "nsenter",
+                    *self.enter,
                     f"--net=/run/netns/{self.netns}",
                     CONTAINERD,
                     "--config",

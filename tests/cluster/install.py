@@ -1,0 +1,131 @@
+"""Plexus installed on the two-node tier's nodes the way users install it.
+
+The image is built from the repo's Containerfile by scripts/build-image.sh (no registry:
+a Debian base, buildah) and imported into each node's containerd; crds/ is applied as
+shipped through its documented overlay, which changes only the image (to the built tag,
+already imported, so `IfNotPresent` never pulls). The kubelets then run the DaemonSet's
+pods, whose hostPaths land on each node's own dirs (tests/cluster/mounts.py). In-cluster
+clients dial the `kubernetes` Service's ClusterIP; with no kube-proxy, a relay in each
+node namespace answers there.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.cluster.apiserver import REPO, SERVICE_IP, ApiError, Cluster
+from tests.cluster.forward import LoopbackForward
+from tests.cluster.kubelet import NETNS_DIR, KubeletNode, tail
+from tests.netns.conftest import sh
+
+BUILD_IMAGE = REPO / "scripts" / "build-image.sh"
+OVERLAY = REPO / "scripts" / "overlay-crds.py"
+MANIFESTS = [
+    REPO / "crds" / name
+    for name in ("plexus-rbac.yaml", "plexus-config.yaml", "plexus-daemonset.yaml")
+]
+DAEMONSET = "/apis/apps/v1/namespaces/kube-system/daemonsets/plexus"
+IMAGE = "localhost/plexus:dev"
+BUILD_TIMEOUT = 1800.0
+
+Json = dict[str, Any]
+
+
+def available() -> bool:
+    """Whether this tree can build the image (else Plexus is started by hand)."""
+    return BUILD_IMAGE.exists() and OVERLAY.exists()
+
+
+def build_image(tag: str = IMAGE) -> Path:
+    """The docker-archive of the image, built (or found in its cache) under `tag`."""
+    done = subprocess.run(
+        [str(BUILD_IMAGE), tag], capture_output=True, text=True, timeout=BUILD_TIMEOUT
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{BUILD_IMAGE.name} {tag} failed:\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def manifests(image: str) -> list[Json]:
+    """crds/ through the documented overlay (scripts/overlay-crds.py): only the image.
+    One copy for all nodes: each node's mount namespace gives the same hostPaths its own
+    dirs, so the per-node copies the overlay offers are not needed."""
+    done = subprocess.run(
+        [sys.executable, str(OVERLAY), "--image", image, *map(str, MANIFESTS)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [obj for obj in yaml.safe_load_all(done.stdout) if obj]
+
+
+def serve_cluster_ip(kn: KubeletNode) -> LoopbackForward:
+    """The `kubernetes` Service's ClusterIP:443 in the node namespace -> the apiserver."""
+    sh("ip", "addr", "add", f"{SERVICE_IP}/32", "dev", "lo", netns=kn.node.name)
+    port = int(kn.cluster.server.rsplit(":", 1)[1])
+    forward = LoopbackForward(str(NETNS_DIR / kn.node.name), port, listen=(SERVICE_IP, 443))
+    forward.start()
+    return forward
+
+
+def import_image(kn: KubeletNode, archive: Path, image: str) -> None:
+    kn.containerd.import_image(archive)
+    kn.wait_for(f"containerd to know {image}", lambda: kn.containerd.image_known(image))
+
+
+def apply(cluster: Cluster, image: str) -> None:
+    for obj in manifests(image):
+        cluster.apply(obj)
+
+
+def daemonset_ready(cluster: Cluster, nodes: int, image: str) -> bool:
+    """Whether every node runs an up-to-date, ready daemon pod of `image`."""
+    ds = cluster.get(DAEMONSET)
+    status, spec = ds.get("status", {}), ds["spec"]["template"]["spec"]
+    return bool(
+        spec["containers"][0]["image"] == image
+        and status.get("observedGeneration") == ds["metadata"]["generation"]
+        and status.get("updatedNumberScheduled") == nodes
+        and status.get("numberReady") == nodes
+        and status.get("numberAvailable") == nodes
+    )
+
+
+def wait_daemonset(cluster: Cluster, nodes: list[KubeletNode], image: str) -> None:
+    try:
+        nodes[0].wait_for(
+            f"the plexus DaemonSet ready on {len(nodes)} nodes with {image}",
+            lambda: daemonset_ready(cluster, len(nodes), image),
+        )
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{daemon_logs(nodes)}") from None
+
+
+def daemon_logs(nodes: list[KubeletNode]) -> str:
+    """The tails of the daemon pods' container logs (the kubelet's pod logs dir)."""
+    logs = [log for kn in nodes for log in kn.kubelet.root.glob("pod-logs/kube-system_*/*/*.log")]
+    return "\n".join(f"--- {log}\n{tail(log, 30)}" for log in sorted(logs))
+
+
+def delete_daemonset(cluster: Cluster) -> None:
+    """Delete the daemon's DaemonSet (if still there) and wait until its pods are gone."""
+    try:
+        cluster.request("DELETE", DAEMONSET, {"propagationPolicy": "Foreground"})
+    except ApiError as err:
+        if err.status != 404:
+            raise
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        items = cluster.get(
+            "/api/v1/namespaces/kube-system/pods", query={"labelSelector": "app=plexus"}
+        )["items"]
+        if not items:
+            return
+        time.sleep(0.5)
+    raise AssertionError("the plexus DaemonSet's pods still exist after 120 s")
