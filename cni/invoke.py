@@ -32,7 +32,7 @@ def find_plugin(plugin_type: str, paths: Sequence[str], root: str = "") -> str:
         )
     for directory in paths:
         candidate = os.path.join(directory, plugin_type)
-        outside = root + candidate if root else candidate
+        outside = _seen_from(root, candidate) if root else candidate
         if os.path.isfile(outside) and os.access(outside, os.X_OK):
             return candidate
     raise CNIError(
@@ -40,6 +40,23 @@ def find_plugin(plugin_type: str, paths: Sequence[str], root: str = "") -> str:
         f'failed to find plugin "{plugin_type}" in path [{" ".join(paths)}]',
         "install the plugin binary into one of those directories or fix CNI_PATH",
     )
+
+
+_MAX_LINKS = 40  # as the kernel's path walk (ELOOP past it)
+
+
+def _seen_from(root: str, path: str) -> str:
+    """`path` as a process chrooted at `root` resolves it, named from outside: absolute
+    symlinks (a host's /opt/cni/bin often links into /usr/lib/cni) point inside `root`."""
+    real = root + path
+    for _ in range(_MAX_LINKS):
+        if not os.path.islink(real):
+            return real
+        target = os.readlink(real)
+        real = (
+            root + target if target.startswith("/") else os.path.join(os.path.dirname(real), target)
+        )
+    return real
 
 
 class Executor(Protocol):

@@ -41,6 +41,24 @@ def test_find_plugin_rejects_paths(name: str) -> None:
     assert exc.value.code == ErrorCode.INVALID_CONFIG
 
 
+def test_find_plugin_resolves_symlinks_inside_the_root(tmp_path: Path) -> None:
+    """A host's CNI bin dir often holds absolute links (to /usr/lib/cni/...): seen from a
+    chrootDir they point inside it, not into the daemon's own filesystem."""
+    root = tmp_path / "hostroot"
+    (root / "usr/lib/cni").mkdir(parents=True)
+    (root / "opt/cni/bin").mkdir(parents=True)
+    real = root / "usr/lib/cni/px-in-root"
+    real.write_text("#!/bin/sh\n")
+    real.chmod(0o755)
+    (root / "opt/cni/bin/bridge").symlink_to("/usr/lib/cni/px-in-root")
+    (root / "opt/cni/bin/rel").symlink_to("../../../usr/lib/cni/px-in-root")
+    assert find_plugin("bridge", ["/opt/cni/bin"], str(root)) == "/opt/cni/bin/bridge"
+    assert find_plugin("rel", ["/opt/cni/bin"], str(root)) == "/opt/cni/bin/rel"
+    (root / "opt/cni/bin/loop").symlink_to("/opt/cni/bin/loop")
+    with pytest.raises(CNIError):
+        find_plugin("loop", ["/opt/cni/bin"], str(root))
+
+
 def test_find_plugin_not_found(tmp_path: Path) -> None:
     with pytest.raises(CNIError) as exc:
         find_plugin("nope", [str(tmp_path), "/nonexistent"])
