@@ -30,6 +30,9 @@ class CallScope:
         self.wrapper = ""
         """The Plexus shim, if installed: `wrapper --exec-delegate PID PLUGIN` execs the
         plugin so that it dies with the thread that forked it (meta/shim/shim.c)."""
+        self.root = ""
+        """The host's / as seen from here (a daemon's chrootDir, no trailing slash): where
+        in-process IPAM keeps its state, as the plugins exec'd chrooted there do."""
         self.cancelled = ""
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen[bytes]] = set()

@@ -91,6 +91,7 @@ class MetaPlugin:
         scope = callscope.current()
         scope.timeout = conf.delegate_timeout
         scope.wrapper = _installed_shim(paths, conf.chroot_dir)
+        scope.root = conf.chroot_dir.rstrip("/")
         executor = self.executor
         if executor is None:
             from delegates.builtin import BuiltinExecutor

@@ -17,6 +17,7 @@ import stat
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
+from cni import callscope
 from cni.errors import CNIError, ErrorCode
 from delegates.ipam.common import IPAddress, parse_ip
 
@@ -30,10 +31,16 @@ def _io_error(what: str, err: OSError) -> CNIError:
     return CNIError(ErrorCode.IO_FAILURE, f"host-local: cannot {what}", str(err))
 
 
+def _on_host(data_dir: str) -> str:
+    """The data dir as this call sees it: under the host's / (the call scope's root, a
+    daemon's chrootDir), where the exec'd host-local of other plugins keeps it too."""
+    return callscope.current().root + (data_dir or DEFAULT_DATA_DIR)
+
+
 @contextmanager
 def open_store(network: str, data_dir: str = "") -> Iterator[Store]:
     """Create the network dir if needed and hold its lock while the block runs."""
-    directory = os.path.join(data_dir or DEFAULT_DATA_DIR, network)
+    directory = os.path.join(_on_host(data_dir), network)
     try:
         os.makedirs(directory, 0o755, exist_ok=True)
         fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDONLY | os.O_CREAT, 0o750)
@@ -123,7 +130,7 @@ class Store:
 def leases(data_dir: str = "") -> list[tuple[str, str, str, str]]:
     """(network, IP, containerID, ifname) of every reservation under `data_dir`, read
     without the networks' locks: a view for reports, not for decisions."""
-    root = data_dir or DEFAULT_DATA_DIR
+    root = _on_host(data_dir)
     found = []
     for path, data in _walk(root):
         ip = os.path.basename(path)

@@ -111,7 +111,12 @@ def test_exec_runs_the_plugin_chrooted_with_host_files_and_state(hostroot: HostR
         ExecExecutor().run("host-local", conf, env)  # not chrooted: no such CNI_PATH here
 
 
-def test_chroot_dir_key_runs_every_exec_on_the_host(node: Node, hostroot: HostRoot) -> None:
+@pytest.mark.parametrize("secondary_ipam", ["exec", "in-process"])
+def test_chroot_dir_key_runs_every_exec_on_the_host(
+    node: Node, hostroot: HostRoot, secondary_ipam: str
+) -> None:
+    """The secondary's host-local, exec'd (execDelegates) or in-process, keeps its
+    leases on the host too: one IPAM state whichever runs it."""
     netns = node.pod_netns()
     hostroot.share_netns(netns)
     network, secondary = f"pxt-chroot-{node.tag}", f"pxt-chroot2-{node.tag}"
@@ -121,14 +126,14 @@ def test_chroot_dir_key_runs_every_exec_on_the_host(node: Node, hostroot: HostRo
         "bridge": "pxbr0",
         **_host_local(network, "/etc/plexus-test-resolv.conf"),
     }
-    # In-process macvlan whose IPAM is exec'd (execDelegates): that exec is chrooted too.
+    # In-process macvlan whose IPAM is exec'd (chrooted) or in-process (under the root).
     macvlan = node.macvlan_conf(name=secondary)
     macvlan["ipam"] = {"type": "host-local", "ranges": [[{"subnet": "10.78.0.0/24"}]]}
     conf = node.meta(
         chrootDir=str(hostroot.path),
         delegates=[primary, macvlan],
         binDir=hostroot.bin,
-        execDelegates=["host-local"],
+        execDelegates=["host-local"] if secondary_ipam == "exec" else [],
     )
     del conf["clusterDir"]  # no cluster source: the delegates are the networks
 
