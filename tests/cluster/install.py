@@ -11,7 +11,6 @@ node namespace answers there.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cri_api.v1 import api_pb2 as cri
 
 from tests.cluster.apiserver import REPO, SERVICE_IP, ApiError, Cluster
 from tests.cluster.forward import LoopbackForward
@@ -131,33 +129,3 @@ def delete_daemonset(cluster: Cluster) -> None:
             return
         time.sleep(0.5)
     raise AssertionError("the plexus DaemonSet's pods still exist after 120 s")
-
-
-def set_image(cluster: Cluster, image: str) -> None:
-    """The upgrade: the DaemonSet applied again through the overlay with another image."""
-    (daemonset,) = [obj for obj in manifests(image) if obj["kind"] == "DaemonSet"]
-    cluster.apply(daemonset)
-
-
-def daemon_pods(cluster: Cluster) -> dict[str, Json]:
-    """The daemon's pods by node name."""
-    items = cluster.get(
-        "/api/v1/namespaces/kube-system/pods", query={"labelSelector": "app=plexus"}
-    )["items"]
-    return {pod["spec"].get("nodeName", ""): pod for pod in items}
-
-
-def daemon_pid(kn: KubeletNode) -> int:
-    """The PID of the node's running daemon container (from containerd)."""
-    uid = daemon_pods(kn.cluster)[kn.name]["metadata"]["uid"]
-    (sandbox,) = kn.sandboxes(uid, ready_only=True)
-    running = [
-        c
-        for c in kn.containers(sandbox.id)
-        if c.metadata.name == "plexus" and c.state == cri.ContainerState.CONTAINER_RUNNING
-    ]
-    (container,) = running
-    done = kn.containerd.runtime.ContainerStatus(
-        cri.ContainerStatusRequest(container_id=container.id, verbose=True), timeout=30
-    )
-    return int(json.loads(done.info["info"])["pid"])
