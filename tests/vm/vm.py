@@ -30,7 +30,11 @@ QEMU_OPTS = (
     "-device pcie-root-port,id=rp1,chassis=1,slot=1 "
     "-netdev user,id=n1 -device igb,netdev=n1,bus=rp1"
 )
-TIMEOUT = float(os.environ.get("PLEXUS_VM_TIMEOUT", "900"))
+# One boot's limit. Under TCG a Python process in the guest takes seconds to start (its
+# imports measured 6 s on 2026-12-01, ~2 s weeks before on the same kind of machine), and
+# the differential tests start several per test: the suite took ~25 min that day. A
+# wedged guest is caught much sooner, by STALL_SECONDS.
+TIMEOUT = float(os.environ.get("PLEXUS_VM_TIMEOUT", "2400"))
 # No console output for this long means a wedged guest: each guest test prints a
 # character when it ends and times out after 120 s.
 STALL_SECONDS = 240.0
