@@ -32,7 +32,7 @@ QEMU_OPTS = (
 )
 # One boot's limit. Under TCG a Python process in the guest takes seconds to start (its
 # imports measured 6 s on 2026-12-01, ~2 s weeks before on the same kind of machine), and
-# the differential tests start several per test: the suite took ~25 min that day. A
+# the differential tests start several per test: one boot ran the suite in 966 s. A
 # wedged guest is caught much sooner, by STALL_SECONDS.
 TIMEOUT = float(os.environ.get("PLEXUS_VM_TIMEOUT", "2400"))
 # No console output for this long means a wedged guest: each guest test prints a
