@@ -36,8 +36,9 @@ class VfParameters(BaseModel):
 def request_parameters(configs: Sequence[dict[str, Any]], request: str) -> VfParameters:
     """The merged parameters for one request of a claim's `status.allocation.devices.config`."""
     merged: dict[str, Any] = {}
-    ordered = sorted(configs, key=lambda c: c.get("source") != "FromClass")  # stable
-    for index, entry in enumerate(ordered):
+    # Class configs first (a stable sort keeps each group's order); indexes stay the claim's.
+    ordered = sorted(enumerate(configs), key=lambda item: item[1].get("source") != "FromClass")
+    for index, entry in ordered:
         opaque = entry.get("opaque") or {}
         if opaque.get("driver") != DRIVER:
             continue

@@ -76,7 +76,7 @@ class Preparer:
         with self._lock:
             claim = self.state.get(ref.uid)
             if claim is None:
-                claim = self._plan(ref, self._get_claim(ref))
+                claim = self.plan(ref, self._get_claim(ref))
                 self.state.put(claim)
             self._apply(claim)
             return claim
@@ -95,7 +95,8 @@ class Preparer:
             )
         return claim
 
-    def _plan(self, ref: ClaimRef, claim: Json) -> PreparedClaim:
+    def plan(self, ref: ClaimRef, claim: Json) -> PreparedClaim:
+        """What preparing `claim` means here; raises PrepareError if it is not ours to prepare."""
         where = f"claim {ref.namespace}/{ref.name}"
         status = claim.get("status") or {}
         allocation = status.get("allocation")
