@@ -53,10 +53,17 @@ def spec(devices: Sequence[CdiDevice]) -> dict[str, object]:
     }
 
 
-def write_spec(path: Path, devices: Sequence[CdiDevice]) -> None:
-    """Write (atomically, fsynced) the spec of one claim's devices."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(spec(devices), indent=1).encode(), 0o644, fsync=True)
+def write_spec(path: Path, devices: Sequence[CdiDevice]) -> bool:
+    """Write (atomically) the spec of one claim's devices; False if it already held that.
+    The caller makes it durable (cni.fileio.make_durable), with the state beside it."""
+    data = json.dumps(spec(devices), indent=1).encode()
+    try:
+        if path.read_bytes() == data:
+            return False
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, data, 0o644)
+    return True
 
 
 def remove_spec(path: Path) -> None:

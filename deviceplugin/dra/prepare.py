@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cni.fileio import make_durable
 from deviceplugin.allocate import VFIO_DRIVERS, env_name, vfio_nodes
 from deviceplugin.dra import bind, cdi
 from deviceplugin.dra.params import request_parameters
@@ -31,6 +32,15 @@ Json = dict[str, Any]
 
 class PrepareError(RuntimeError):
     """A claim cannot be prepared (or unprepared); the message says why."""
+
+
+def _ready(claim: Json, uid: str) -> bool:
+    status = claim.get("status") or {}
+    return (
+        claim.get("metadata", {}).get("uid") == uid
+        and bool(status.get("allocation"))
+        and bool(status.get("reservedFor"))
+    )
 
 
 @dataclass(frozen=True)
@@ -75,16 +85,27 @@ class Preparer:
     def prepare(self, ref: ClaimRef) -> PreparedClaim:
         with self._lock:
             claim = self.state.get(ref.uid)
+            unsynced = []
             if claim is None:
                 claim = self.plan(ref, self._get_claim(ref))
-                self.state.put(claim)
-            self._apply(claim)
+                rebinds = any(d.driver != d.driver_before for d in claim.devices)
+                # Before a rebind the state must be on disk: it holds the driver to restore.
+                path = self.state.put(claim, fsync=rebinds)
+                if not rebinds:
+                    unsynced.append(path)
+            unsynced += self._apply(claim)
+            make_durable(unsynced)  # the state and the spec in one go, before the answer
             return claim
 
     def _get_claim(self, ref: ClaimRef) -> Json:
+        """The claim, from the API server's watch cache (resourceVersion=0: ~2.5 ms less
+        than a read from etcd); if that copy is not yet allocated and reserved for this
+        UID, it may lag the scheduler's write, so a consistent read decides."""
         path = f"/apis/resource.k8s.io/v1/namespaces/{ref.namespace}/resourceclaims/{ref.name}"
         try:
-            claim = self.api.request("GET", path)
+            claim = self.api.request("GET", f"{path}?resourceVersion=0")
+            if not _ready(claim, ref.uid):
+                claim = self.api.request("GET", path)
         except APIError as exc:
             raise PrepareError(f"claim {ref.namespace}/{ref.name}: GET failed: {exc}") from None
         except ConnectionError as exc:
@@ -136,11 +157,13 @@ class Preparer:
             devices=planned,
         )
 
-    def _apply(self, claim: PreparedClaim) -> None:
+    def _apply(self, claim: PreparedClaim) -> list[Path]:
+        """Bind and write the spec; returns the spec's path if it changed (to be synced)."""
         for device in claim.devices:
             if device.driver != device.driver_before:
                 bind.bind(self.sysfs_root, device.address, device.driver, device.driver_before)
-        cdi.write_spec(Path(claim.cdi_spec), self._cdi_devices(claim))
+        spec = Path(claim.cdi_spec)
+        return [spec] if cdi.write_spec(spec, self._cdi_devices(claim)) else []
 
     def _cdi_devices(self, claim: PreparedClaim) -> list[cdi.CdiDevice]:
         addresses: dict[tuple[str, str], list[str]] = {}

@@ -61,9 +61,12 @@ class PreparedState:
             return None
         return PreparedClaim.model_validate(json.loads(data))
 
-    def put(self, claim: PreparedClaim) -> None:
+    def put(self, claim: PreparedClaim, fsync: bool = True) -> Path:
+        """Write a claim's file; without `fsync` the caller makes it durable (make_durable)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        write_atomic(self._path(claim.uid), claim.model_dump_json().encode(), fsync=True)
+        path = self._path(claim.uid)
+        write_atomic(path, claim.model_dump_json().encode(), fsync=fsync)
+        return path
 
     def remove(self, uid: str) -> None:
         self._path(uid).unlink(missing_ok=True)
