@@ -7,6 +7,9 @@ Kubernetes' own node e2e does without one: it allocates the claim itself (status
 reservedFor the pod, the delete-protection finalizer) and binds the pod to the node; the
 kubelet then calls NodePrepareResources before the pod starts and NodeUnprepareResources
 after it is gone. A kubelet restart wipes the node's slices; the plugin publishes them again.
+Last, with kube-controller-manager (its ResourceClaim controller) and kube-scheduler built
+from the same modules, a pod with a ResourceClaimTemplate gets its claim made, allocated
+from our slices and reserved by the real scheduler, then prepared by the kubelet.
 """
 
 from __future__ import annotations
@@ -19,17 +22,19 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.apiserver import REPO, ApiError, Cluster
+from tests.cluster.apiserver import CONTROLLERS, REPO, ApiError, Cluster, binary
 from tests.cluster.kubelet import DevicePlugin, KubeletNode
 
 DRIVER = "sriov.plexus.io"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates"
 DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"
 PF = "0000:5e:00.0"
 VFS = ["0000:5e:02.0", "0000:5e:02.1"]
 RESOURCE_NAME = "dra_vfs"
 RESOURCE = f"intel.com/{RESOURCE_NAME}"
+BY_RESOURCE = f'device.attributes["k8s.cni.cncf.io"].resourceName == "{RESOURCE}"'
 
 Json = dict[str, Any]
 
@@ -243,5 +248,65 @@ def test_kubelet_restart_wipes_slices_and_the_plugin_publishes_them_again(
     kn.wait_for(
         "the plugin watcher to register the plugin again",
         lambda: dra.registrations() > registrations,
+        dra.log,
+    )
+
+
+@pytest.fixture
+def scheduler(cluster: Cluster) -> Iterator[None]:
+    """kube-controller-manager and kube-scheduler, unless the session already runs them."""
+    missing = [str(binary(n)) for n in CONTROLLERS if not binary(n).exists()]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not built (run make setup)")
+    started = "kube-scheduler" not in cluster.procs
+    if started:
+        cluster.start_controllers()
+    try:
+        yield
+    finally:
+        if started:
+            cluster.stop_controllers()
+
+
+def test_template_claim_is_allocated_by_the_scheduler_and_prepared(
+    dra: DraPlugin, namespace: str, scheduler: None
+) -> None:
+    kn = dra.kn
+    kn.wait_for("DRA registration", lambda: dra.registrations() >= 1, dra.log)
+    wait_slices(dra)
+    request = {
+        "name": "vf",
+        "exactly": {
+            "deviceClassName": DRIVER,
+            "selectors": [{"cel": {"expression": BY_RESOURCE}}],
+        },
+    }
+    kn.cluster.create(
+        TEMPLATES.format(ns=namespace),
+        {"metadata": {"name": "one-vf"}, "spec": {"spec": {"devices": {"requests": [request]}}}},
+    )
+    pod = pod_with_claim(kn, "scheduled", "")
+    pod["spec"]["resourceClaims"] = [{"name": "vf", "resourceClaimTemplateName": "one-vf"}]
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": kn.name}
+    # The kubelet registers its Node with the not-ready taint, which only the node
+    # lifecycle controller (not running) would lift.
+    pod["spec"]["tolerations"] = [{"operator": "Exists"}]
+    kn.cluster.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+    running = kn.wait_running(namespace, "scheduled")
+    (status,) = running["status"]["resourceClaimStatuses"]
+    claim = kn.cluster.get(f"{CLAIMS.format(ns=namespace)}/{status['resourceClaimName']}")
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"]) == (DRIVER, dra.pool)
+    assert result["device"] in ("vf-0000-5e-02-0", "vf-0000-5e-02-1")
+    assert [r["uid"] for r in claim["status"]["reservedFor"]] == [running["metadata"]["uid"]]
+    uid = claim["metadata"]["uid"]
+    spec_file = dra.cdi_dir / f"sriov.plexus.io-claim_{uid}.json"
+    (device,) = json.loads(spec_file.read_text())["devices"]
+    assert device["name"] == f"{uid}-{result['device']}"
+
+    kn.delete_pod(namespace, "scheduled")
+    kn.wait_for(
+        "NodeUnprepareResources of the template's claim",
+        lambda: not spec_file.exists() and not (dra.state_dir / f"{uid}.json").exists(),
         dra.log,
     )
