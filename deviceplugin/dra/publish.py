@@ -42,7 +42,7 @@ def _content(slice_: Json) -> Json:
         "driver": spec.get("driver"),
         "nodeName": spec.get("nodeName"),
         "pool": pool,
-        "devices": spec.get("devices", []),
+        "devices": spec.get("devices") or [],  # the API leaves out an empty list
         "owners": owners,
     }
 
