@@ -1,7 +1,9 @@
 """The DRA plugin's ResourceSlice publisher (deviceplugin/dra/publish.py) against the real
 kube-apiserver: pools published, a changed pool re-published at a higher generation, a
 deleted slice put back, a dropped pool's slice removed, and nothing written when the API
-already agrees. The VFs come from a FAKE sysfs (the host has no SR-IOV)."""
+already agrees; and all of it, plus a claim's GET, with no more rights than the device
+plugin's ServiceAccount gets from crds/plexus-deviceplugin.yaml. The VFs come from a FAKE
+sysfs (the host has no SR-IOV)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from deviceplugin.dra.prepare import ClaimRef, PrepareError, Preparer
 from deviceplugin.dra.publish import SlicePublisher
+from deviceplugin.dra.state import PreparedState
 from deviceplugin.sysfs import PciNetDevice, discover
-from meta.sources.kubeapi import KubeAPI
-from tests.cluster.apiserver import Cluster
+from meta.sources.kubeapi import APIError, KubeAPI
+from tests.cluster.apiserver import REPO, Cluster
 from tests.unit.deviceplugin.fake_sysfs import FakeSysfs
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -72,10 +77,33 @@ def devices_by_pool(cluster: Cluster, node: str) -> dict[str, tuple[int, list[st
     }
 
 
+def service_account_kubeconfig(cluster: Cluster, path: Path) -> Path:
+    """The shipped RBAC applied, and a kubeconfig whose user is the device plugin's
+    ServiceAccount (a client certificate with its username: RBAC matches by name)."""
+    cluster.create_namespace("kube-system")
+    manifests = yaml.safe_load_all((REPO / "crds/plexus-deviceplugin.yaml").read_text())
+    for doc in manifests:
+        if doc["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+            cluster.apply(doc)
+    pem = cluster.client_certificate(
+        f"dp-{uuid.uuid4().hex[:6]}",
+        "system:serviceaccount:kube-system:plexus-deviceplugin",
+        ["system:serviceaccounts"],
+    )
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    config["users"][0]["user"] = {"client-certificate": str(pem), "client-key": str(pem)}
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("identity", ["admin", "service-account"])
 def test_publisher_follows_the_pools_and_puts_back_what_others_delete(
-    cluster: Cluster, node: str, vfs: list[PciNetDevice]
+    cluster: Cluster, node: str, vfs: list[PciNetDevice], identity: str, tmp_path: Path
 ) -> None:
-    publisher = SlicePublisher(KubeAPI(str(cluster.kubeconfig)), node, resync_seconds=3600)
+    kubeconfig = cluster.kubeconfig
+    if identity == "service-account":
+        kubeconfig = service_account_kubeconfig(cluster, tmp_path / "kubeconfig")
+    publisher = SlicePublisher(KubeAPI(str(kubeconfig)), node, resync_seconds=3600)
     pool, other = f"{node}/intel.com/pub-vfs", f"{node}/intel.com/other-vfs"
     publisher.set_pools({RESOURCE: vfs, OTHER: []})
     publisher.start()
@@ -105,3 +133,19 @@ def test_publisher_follows_the_pools_and_puts_back_what_others_delete(
         until("the dropped pool's slice gone", lambda: other not in devices_by_pool(cluster, node))
     finally:
         publisher.stop()
+
+
+def test_the_service_account_may_get_claims_and_nothing_more(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    api = KubeAPI(str(service_account_kubeconfig(cluster, tmp_path / "kubeconfig")))
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    spec = {"devices": {"requests": [{"name": "vf", "exactly": {"deviceClassName": "x"}}]}}
+    claim = cluster.create(claims, {"metadata": {"name": "c"}, "spec": spec})
+    preparer = Preparer(api, PreparedState(tmp_path / "state"), tmp_path / "cdi", tmp_path)
+    # The GET is allowed: the claim is read, and refused only for not being allocated.
+    with pytest.raises(PrepareError, match=r"claim .*/c: not allocated"):
+        preparer.prepare(ClaimRef(namespace, claim["metadata"]["uid"], "c"))
+    with pytest.raises(APIError) as denied:
+        api.request("GET", claims)
+    assert denied.value.status == 403
