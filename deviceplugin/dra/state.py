@@ -70,9 +70,3 @@ class PreparedState:
 
     def remove(self, uid: str) -> None:
         self._path(uid).unlink(missing_ok=True)
-
-    def claims(self) -> list[PreparedClaim]:
-        """Every prepared claim (for `plexus deviceplugin` reports and tests)."""
-        if not self.directory.is_dir():
-            return []
-        return [c for p in sorted(self.directory.glob("*.json")) if (c := self.get(p.stem))]

@@ -220,7 +220,7 @@ def test_both_service_versions_prepare_and_unprepare(
             pb.NodeUnprepareResourcesRequest(claims=claims), timeout=5
         )
         assert {uid: r.error for uid, r in undone.claims.items()} == {UID: "", missing.uid: ""}
-    assert preparer.state.claims() == []
+    assert list(preparer.state.directory.iterdir()) == []
 
 
 class _Unreachable:
