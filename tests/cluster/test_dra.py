@@ -192,7 +192,9 @@ def release(cluster: Cluster, namespace: str, claim: str) -> None:
             raise
 
 
-def test_pod_with_claim_is_prepared_and_unprepared(dra: DraPlugin, namespace: str) -> None:
+def test_pod_with_claim_is_prepared_and_unprepared_across_a_plugin_restart(
+    dra: DraPlugin, namespace: str
+) -> None:
     kn = dra.kn
     dra.kn.wait_for("DRA registration", lambda: dra.registrations() >= 1, dra.log)
     wait_slices(dra)
@@ -220,6 +222,12 @@ def test_pod_with_claim_is_prepared_and_unprepared(dra: DraPlugin, namespace: st
         ]
         assert "prepared" in dra.log.read_text()
 
+        # A new plugin instance (an upgrade, a crash) takes over from the state on disk:
+        # its Unprepare undoes what the old one prepared.
+        registrations = dra.registrations()
+        assert dra.stop() == 0
+        dra.start()
+        kn.wait_for("the new instance's registration", lambda: dra.registrations() > registrations)
         kn.delete_pod(namespace, "dra-pod")
         kn.wait_for(
             "NodeUnprepareResources to remove the CDI spec and the prepared state",
