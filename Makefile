@@ -36,6 +36,7 @@ bench: setup
 	$(PY) -m tests.bench.bench_thick --runs 30 --extras 1,2,4,8
 	$(PY) -m tests.bench.bench_macvlan --runs 30
 	$(PY) -m tests.bench.bench_deviceplugin --runs 30
+	$(PY) -m tests.bench.bench_dra --runs 50
 
 lint: setup
 	$(VENV)/bin/ruff check cni meta delegates deviceplugin tests

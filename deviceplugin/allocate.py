@@ -42,7 +42,7 @@ def env_name(resource: str) -> str:
     return "PCIDEVICE_" + resource.upper().replace(".", "_").replace("/", "_").replace("-", "_")
 
 
-def _vfio_nodes(dev: PciNetDevice, dev_root: Path) -> tuple[str, str]:
+def vfio_nodes(dev: PciNetDevice, dev_root: Path) -> tuple[str, str]:
     """(/dev/vfio/vfio, the group node); no-IOMMU mode names the group `noiommu-N`."""
     group = dev.iommu_group or ""
     node = dev_root / "vfio" / group
@@ -66,7 +66,7 @@ def _device_specs_and_info(
 ) -> tuple[list[pb.DeviceSpec], dict[str, Any]]:
     info: dict[str, Any] = {"generic": {"deviceID": dev.address}}
     if dev.driver in VFIO_DRIVERS:
-        container, group = _vfio_nodes(dev, dev_root)
+        container, group = vfio_nodes(dev, dev_root)
         info["vfio"] = {"mount": container, "dev-mount": group}
         return [_spec(container), _spec(group)], info
     if dev.driver in UIO_DRIVERS:

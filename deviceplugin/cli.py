@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 from cni import logs
+from cni.errors import CNIError
 from deviceplugin.config import ConfigError, load_config
+from deviceplugin.dra.plugin import DraOptions, DraPlugin
 from deviceplugin.plugin import DevicePluginRunner, PluginOptions
 from deviceplugin.selectors import pools_report
 from deviceplugin.server import HostPaths, ServeError
@@ -42,7 +44,30 @@ def serve(args: argparse.Namespace) -> int:
         registry_dir=Path(args.registry_dir),
         mode=args.registration,
     )
-    runner = DevicePluginRunner(config, options)
+    dra = None
+    resources = frozenset(r.strip() for r in args.dra_resources.split(",") if r.strip())
+    if resources:
+        if not args.node_name:
+            print("plexus deviceplugin: DRA needs --node-name (or NODE_NAME)", file=sys.stderr)
+            return 2
+        try:
+            dra = DraPlugin(
+                DraOptions(
+                    node_name=args.node_name,
+                    resources=resources,
+                    kubeconfig=args.kubeconfig,
+                    kubelet_plugins_dir=Path(args.kubelet_plugins_dir),
+                    cdi_dir=Path(args.cdi_dir),
+                    state_dir=Path(args.dra_state_dir),
+                ),
+                registry_dir=Path(args.registry_dir),
+                sysfs_root=Path(args.sysfs_root),
+                dev_root=Path("/dev"),
+            )
+        except CNIError as exc:
+            print(f"plexus deviceplugin: {exc}", file=sys.stderr)
+            return 2
+    runner = DevicePluginRunner(config, options, dra)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: runner.stop())
     try:

@@ -4,7 +4,9 @@ then follow the kernel's events and the kubelet's restarts until stopped.
 Registration is either `kubelet` (legacy: sockets in the device-plugins dir and
 `Register` on kubelet.sock; when the kubelet restarts it wipes that dir, so a vanished
 socket or a new kubelet.sock means serve again and re-register) or `watcher` (sockets
-in the plugins_registry dir, found by the kubelet's plugin watcher).
+in the plugins_registry dir, found by the kubelet's plugin watcher). Resources the DRA
+kubelet plugin serves (deviceplugin/dra) get no device plugin server: their pools go to
+it instead, so no VF can be handed out both ways.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from deviceplugin.config import DevicePluginConfig
+from deviceplugin.dra.plugin import DraPlugin
 from deviceplugin.monitor import ChangeMonitor
 from deviceplugin.registration import RegistrationError, register
 from deviceplugin.selectors import build_pools, healthy
@@ -58,13 +61,20 @@ def _inode(path: Path) -> int | None:
 class DevicePluginRunner:
     """Owns the resource servers; `run` serves until `stop` is called."""
 
-    def __init__(self, config: DevicePluginConfig, options: PluginOptions) -> None:
+    def __init__(
+        self, config: DevicePluginConfig, options: PluginOptions, dra: DraPlugin | None = None
+    ) -> None:
         self.config = config
         self.options = options
+        self.dra = dra
+        self.dra_resources = [
+            r.full_name for r in config.resource_list if dra and dra.options.serves(r.full_name)
+        ]
         sock_dir = options.plugins_dir if options.mode == "kubelet" else options.registry_dir
         self.servers = [
             ResourceServer(res, sock_dir / socket_name(res.full_name), options.paths)
             for res in config.resource_list
+            if res.full_name not in self.dra_resources
         ]
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -76,9 +86,12 @@ class DevicePluginRunner:
         devices = discover(self.options.paths.sysfs_root, default_route_ifaces())
         by_address = {d.address: d for d in devices}
         pools = build_pools(self.config, devices)
+        health = {d.address: healthy(d, by_address) for d in devices}
         for server in self.servers:
             pool = {d.address: d for d in pools[server.name]}
-            server.update(pool, {a: healthy(d, by_address) for a, d in pool.items()})
+            server.update(pool, {a: health[a] for a in pool})
+        if self.dra is not None:
+            self.dra.update({r: pools[r] for r in self.dra_resources}, health)
 
     def wake(self) -> None:
         """Rescan soon (the monitor calls this on kernel events)."""
@@ -99,6 +112,8 @@ class DevicePluginRunner:
         try:
             for server in self.servers:
                 server.start(serve_registration=watcher)
+            if self.dra is not None:
+                self.dra.start()
             monitor = ChangeMonitor(self.wake)
             monitor.start()
             last_scan = time.monotonic()
@@ -116,6 +131,8 @@ class DevicePluginRunner:
         finally:
             if monitor is not None:
                 monitor.stop()
+            if self.dra is not None:
+                self.dra.stop()
             for server in self.servers:
                 server.close()
 

@@ -44,6 +44,7 @@ class PciNetDevice:
     sriov_numvfs: int | None = None  # set for an SR-IOV capable PF
     sriov_totalvfs: int | None = None
     default_route: bool = False  # one of its netdevs carries a default route
+    pcie_root: str = ""  # the host bridge it hangs off (`pci0000:00`), "" if unknown
 
     @property
     def is_vf(self) -> bool:
@@ -137,6 +138,16 @@ def _netdev_state(dev_dir: Path) -> tuple[tuple[str, ...], str, str]:
     return netdevs, "", ""
 
 
+def _pcie_root(dev_dir: Path) -> str:
+    """The first directory under `<root>/devices` on the device's real path."""
+    devices = dev_dir.parents[3] / "devices"  # dev_dir is <root>/bus/pci/devices/<address>
+    try:
+        parts = dev_dir.resolve().relative_to(devices.resolve()).parts
+    except (OSError, ValueError):
+        return ""
+    return parts[0] if len(parts) > 1 else ""
+
+
 def read_device(dev_dir: Path, default_route_ifaces: Collection[str] = ()) -> PciNetDevice:
     """Read one PCI function's directory (`<root>/bus/pci/devices/<address>`)."""
     address = dev_dir.name
@@ -169,6 +180,7 @@ def read_device(dev_dir: Path, default_route_ifaces: Collection[str] = ()) -> Pc
         sriov_numvfs=_read_int(dev_dir / "sriov_numvfs"),
         sriov_totalvfs=_read_int(dev_dir / "sriov_totalvfs"),
         default_route=any(n in default_route_ifaces for n in netdevs),
+        pcie_root=_pcie_root(dev_dir),
     )
 
 

@@ -83,6 +83,18 @@ def _parser() -> argparse.ArgumentParser:
         help="Register on kubelet.sock (default) or via the kubelet's plugin watcher",
     )
     dp.add_argument("--devinfo-dir", default="/var/run/k8s.cni.cncf.io/devinfo")
+    dra = dp.add_argument_group("DRA kubelet plugin (driver sriov.plexus.io)")
+    dra.add_argument(
+        "--dra-resources",
+        default="",
+        help="resources (prefix/name, comma-separated, or '*') served through DRA "
+        "ResourceSlices instead of the device plugin API; empty: no DRA",
+    )
+    dra.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""))
+    dra.add_argument("--kubeconfig", default="", help="empty: the in-cluster service account")
+    dra.add_argument("--kubelet-plugins-dir", default="/var/lib/kubelet/plugins")
+    dra.add_argument("--cdi-dir", default="/var/run/cdi")
+    dra.add_argument("--dra-state-dir", default="/var/lib/plexus/dra")
     dp_sub = dp.add_subparsers(dest="dp_command")
     dp_list = dp_sub.add_parser("list", help="print the resource pools the config selects")
     dp_list.add_argument("--config", "--config-file", dest="config", default=argparse.SUPPRESS)

@@ -40,13 +40,15 @@ REQUIRED = ("etcd", "kube-apiserver")
 CONTROLLERS = ("kube-controller-manager", "kube-scheduler")
 # What DaemonSets and their pods need: the DaemonSet controller; service-account tokens and
 # the kube-root-ca.crt ConfigMap (a pod's projected token volume); the garbage collector,
-# which deletes a deleted DaemonSet's pods. Nothing else runs (not the node lifecycle
+# which deletes a deleted DaemonSet's pods; the ResourceClaim controller, which makes a pod's
+# claims from its ResourceClaimTemplates. Nothing else runs (not the node lifecycle
 # controller: see tests/cluster/twonodes.py).
 KCM_CONTROLLERS = (
     "daemonset-controller",
     "serviceaccount-token-controller",
     "root-ca-certificate-publisher-controller",
     "garbage-collector-controller",
+    "resourceclaim-controller",
 )
 SERVICE_CIDR = "10.96.0.0/24"
 SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service

@@ -46,7 +46,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -838,9 +838,11 @@ class DevicePlugin:
         pf: str,
         vfs: list[str],
         registration: str = "kubelet",
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.kn = kn
         self.registration = registration
+        self.extra_args = list(extra_args)
         self.dir = kn.root / f"deviceplugin-{resource_name}"
         self.dir.mkdir()
         self.config = self.dir / "config.json"
@@ -869,7 +871,7 @@ class DevicePlugin:
                  "--plugins-dir", str(self.kn.kubelet.device_plugins_dir),
                  "--registry-dir", str(self.kn.kubelet.plugins_registry_dir),
                  "--registration", self.registration,
-                 "--devinfo-dir", str(self.kn.devinfo_dir)],
+                 "--devinfo-dir", str(self.kn.devinfo_dir), *self.extra_args],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,

@@ -1,0 +1,320 @@
+"""The DRA kubelet plugin (driver sriov.plexus.io) against a real kubelet v1.34.
+
+`plexus deviceplugin --dra-resources` on a FAKE sysfs (tests/unit/deviceplugin/fake_sysfs.py;
+the host has no SR-IOV) registers through the kubelet's plugin watcher and publishes its
+VFs as ResourceSlices in the real kube-apiserver. No scheduler runs, so the test does what
+Kubernetes' own node e2e does without one: it allocates the claim itself (status.allocation,
+reservedFor the pod, the delete-protection finalizer) and binds the pod to the node; the
+kubelet then calls NodePrepareResources before the pod starts and NodeUnprepareResources
+after it is gone. A kubelet restart wipes the node's slices; the plugin publishes them again.
+Last, with kube-controller-manager (its ResourceClaim controller) and kube-scheduler built
+from the same modules, a pod with a ResourceClaimTemplate gets its claim made, allocated
+from our slices and reserved by the real scheduler, then prepared by the kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.apiserver import CONTROLLERS, REPO, ApiError, Cluster, binary
+from tests.cluster.kubelet import DevicePlugin, KubeletNode
+
+DRIVER = "sriov.plexus.io"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates"
+DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"
+PF = "0000:5e:00.0"
+VFS = ["0000:5e:02.0", "0000:5e:02.1"]
+RESOURCE_NAME = "dra_vfs"
+RESOURCE = f"intel.com/{RESOURCE_NAME}"
+BY_RESOURCE = f'device.attributes["k8s.cni.cncf.io"].resourceName == "{RESOURCE}"'
+
+Json = dict[str, Any]
+
+
+class DraPlugin(DevicePlugin):
+    """The device plugin process with its one resource moved to DRA."""
+
+    def __init__(self, kn: KubeletNode) -> None:
+        self.cdi_dir = kn.root / "cdi"
+        self.state_dir = kn.root / "dra-state"
+        super().__init__(
+            kn,
+            RESOURCE_NAME,
+            PF,
+            VFS,
+            registration="watcher",
+            extra_args=[
+                "--dra-resources", RESOURCE,
+                "--node-name", kn.name,
+                "--kubeconfig", str(kn.cluster.kubeconfig),
+                "--kubelet-plugins-dir", str(kn.kubelet.root_dir / "plugins"),
+                "--cdi-dir", str(self.cdi_dir),
+                "--dra-state-dir", str(self.state_dir),
+            ],
+        )  # fmt: skip
+
+    @property
+    def pool(self) -> str:
+        return f"{self.kn.name}/intel.com/dra-vfs"
+
+
+@pytest.fixture(scope="module")
+def dra(kubelet_node: KubeletNode) -> Iterator[DraPlugin]:
+    kubelet_node.cluster.apply(yaml.safe_load((REPO / "crds/sriov-deviceclass.yaml").read_text()))
+    plugin = DraPlugin(kubelet_node)
+    plugin.start()
+    try:
+        yield plugin
+    finally:
+        assert plugin.stop() == 0, plugin.log.read_text()[-3000:]
+
+
+def node_slices(cluster: Cluster, node: str) -> list[Json]:
+    query = {"fieldSelector": f"spec.nodeName={node},spec.driver={DRIVER}"}
+    items: list[Json] = cluster.get(SLICES, query=query)["items"]
+    return items
+
+
+def wait_slices(dra: DraPlugin, other_than: frozenset[str] = frozenset()) -> list[Json]:
+    """Until the node has its slice (none of the UIDs in `other_than`); return them."""
+    found: list[Json] = []
+
+    def ready() -> bool:
+        found[:] = node_slices(dra.kn.cluster, dra.kn.name)
+        return bool(found) and not {s["metadata"]["uid"] for s in found} & other_than
+
+    dra.kn.wait_for("the node's ResourceSlices", ready, dra.log)
+    return found
+
+
+def test_registers_with_the_kubelet_and_publishes_one_device_per_vf(dra: DraPlugin) -> None:
+    kn = dra.kn
+    dra.kn.wait_for("DRA registration", lambda: dra.registrations() >= 1, dra.log)
+    (slice_,) = wait_slices(dra)
+    spec = slice_["spec"]
+    assert spec["driver"] == DRIVER and spec["nodeName"] == kn.name
+    assert spec["pool"]["name"] == dra.pool and spec["pool"]["resourceSliceCount"] == 1
+    devices = {d["name"]: d["attributes"] for d in spec["devices"]}
+    assert sorted(devices) == ["vf-0000-5e-02-0", "vf-0000-5e-02-1"]
+    attrs = devices["vf-0000-5e-02-1"]
+    assert attrs["k8s.cni.cncf.io/resourceName"] == {"string": RESOURCE}
+    assert attrs["k8s.cni.cncf.io/deviceID"] == {"string": "0000:5e:02.1"}
+    assert attrs["pfName"] == {"string": kn.node.uplink}
+    assert attrs["numaNode"] == {"int": 0}
+    assert attrs["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:00"}
+    node = kn.node_object()
+    assert node is not None
+    (owner,) = slice_["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "Node",
+        kn.name,
+        node["metadata"]["uid"],
+    )
+
+
+def claim_manifest(name: str) -> Json:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "finalizers": [DELETE_PROTECTION]},
+        "spec": {"devices": {"requests": [{"name": "vf", "exactly": {"deviceClassName": DRIVER}}]}},
+    }
+
+
+def allocate(dra: DraPlugin, namespace: str, claim: str, device: str, pod: Json) -> Json:
+    """What the scheduler would write: the allocation on this node and the reservation."""
+    path = f"{CLAIMS.format(ns=namespace)}/{claim}"
+    obj: Json = dra.kn.cluster.get(path)
+    node_term = {
+        "matchFields": [{"key": "metadata.name", "operator": "In", "values": [dra.kn.name]}]
+    }
+    obj["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "vf", "driver": DRIVER, "pool": dra.pool, "device": device}
+                ],
+                "config": [
+                    {
+                        "source": "FromClaim",
+                        "requests": ["vf"],
+                        "opaque": {"driver": DRIVER, "parameters": {}},
+                    }
+                ],
+            },
+            "nodeSelector": {"nodeSelectorTerms": [node_term]},
+        },
+        "reservedFor": [
+            {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+        ],
+    }
+    updated: Json = dra.kn.cluster.request("PUT", f"{path}/status", obj)
+    return updated
+
+
+def pod_with_claim(kn: KubeletNode, name: str, claim: str) -> Json:
+    """A pod for the node (bound later, as the scheduler would) using `claim`."""
+    pod = kn.pod_manifest(name, "")
+    del pod["spec"]["nodeName"], pod["metadata"]["annotations"]
+    pod["spec"]["resourceClaims"] = [{"name": "vf", "resourceClaimName": claim}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "vf"}]}
+    return pod
+
+
+def bind(kn: KubeletNode, namespace: str, name: str) -> None:
+    kn.cluster.create(
+        f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": kn.name},
+        },
+    )
+
+
+def release(cluster: Cluster, namespace: str, claim: str) -> None:
+    """Drop the finalizer and delete the claim (the controller's part, which is not running)."""
+    path = f"{CLAIMS.format(ns=namespace)}/{claim}"
+    try:
+        cluster.merge_patch(path, {"metadata": {"finalizers": None}})
+        cluster.request("DELETE", path)
+    except ApiError as err:
+        if err.status != 404:
+            raise
+
+
+def test_pod_with_claim_is_prepared_and_unprepared_across_a_plugin_restart(
+    dra: DraPlugin, namespace: str
+) -> None:
+    kn = dra.kn
+    dra.kn.wait_for("DRA registration", lambda: dra.registrations() >= 1, dra.log)
+    wait_slices(dra)
+    claim_name = f"vf-{uuid.uuid4().hex[:6]}"
+    claim = kn.cluster.create(CLAIMS.format(ns=namespace), claim_manifest(claim_name))
+    claim_uid = claim["metadata"]["uid"]
+    try:
+        pod = kn.cluster.create(
+            f"/api/v1/namespaces/{namespace}/pods", pod_with_claim(kn, "dra-pod", claim_name)
+        )
+        allocate(dra, namespace, claim_name, "vf-0000-5e-02-1", pod)
+        bind(kn, namespace, "dra-pod")
+        kn.wait_running(namespace, "dra-pod")
+
+        spec_file = dra.cdi_dir / f"sriov.plexus.io-claim_{claim_uid}.json"
+        spec = json.loads(spec_file.read_text())
+        assert spec["kind"] == "sriov.plexus.io/vf"
+        (device,) = spec["devices"]
+        assert device["name"] == f"{claim_uid}-vf-0000-5e-02-1"
+        assert device["containerEdits"]["env"] == ["PCIDEVICE_INTEL_COM_DRA_VFS=0000:5e:02.1"]
+        assert device["containerEdits"]["deviceNodes"] == []  # a netdevice VF: no /dev nodes
+        state = json.loads((dra.state_dir / f"{claim_uid}.json").read_text())
+        assert [(d["address"], d["cdi_id"]) for d in state["devices"]] == [
+            ("0000:5e:02.1", f"sriov.plexus.io/vf={claim_uid}-vf-0000-5e-02-1")
+        ]
+        assert "prepared" in dra.log.read_text()
+
+        # A new plugin instance (an upgrade, a crash) takes over from the state on disk:
+        # its Unprepare undoes what the old one prepared.
+        registrations = dra.registrations()
+        assert dra.stop() == 0
+        dra.start()
+        kn.wait_for("the new instance's registration", lambda: dra.registrations() > registrations)
+        kn.delete_pod(namespace, "dra-pod")
+        kn.wait_for(
+            "NodeUnprepareResources to remove the CDI spec and the prepared state",
+            lambda: not spec_file.exists() and not (dra.state_dir / f"{claim_uid}.json").exists(),
+            dra.log,
+        )
+    finally:
+        release(kn.cluster, namespace, claim_name)
+
+
+def test_kubelet_restart_wipes_slices_and_the_plugin_publishes_them_again(
+    dra: DraPlugin,
+) -> None:
+    kn = dra.kn
+    dra.kn.wait_for("DRA registration", lambda: dra.registrations() >= 1, dra.log)
+    before = {s["metadata"]["uid"] for s in wait_slices(dra)}
+    registrations = dra.registrations()
+    kn.restart_kubelet()
+    kn.wait_node_ready()
+    # New UIDs: the kubelet deleted the old slices and the plugin created them anew.
+    (again,) = wait_slices(dra, other_than=frozenset(before))
+    assert sorted(d["name"] for d in again["spec"]["devices"]) == [
+        "vf-0000-5e-02-0",
+        "vf-0000-5e-02-1",
+    ]
+    kn.wait_for(
+        "the plugin watcher to register the plugin again",
+        lambda: dra.registrations() > registrations,
+        dra.log,
+    )
+
+
+@pytest.fixture
+def scheduler(cluster: Cluster) -> Iterator[None]:
+    """kube-controller-manager and kube-scheduler, unless the session already runs them."""
+    missing = [str(binary(n)) for n in CONTROLLERS if not binary(n).exists()]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not built (run make setup)")
+    started = "kube-scheduler" not in cluster.procs
+    if started:
+        cluster.start_controllers()
+    try:
+        yield
+    finally:
+        if started:
+            cluster.stop_controllers()
+
+
+def test_template_claim_is_allocated_by_the_scheduler_and_prepared(
+    dra: DraPlugin, namespace: str, scheduler: None
+) -> None:
+    kn = dra.kn
+    kn.wait_for("DRA registration", lambda: dra.registrations() >= 1, dra.log)
+    wait_slices(dra)
+    request = {
+        "name": "vf",
+        "exactly": {
+            "deviceClassName": DRIVER,
+            "selectors": [{"cel": {"expression": BY_RESOURCE}}],
+        },
+    }
+    kn.cluster.create(
+        TEMPLATES.format(ns=namespace),
+        {"metadata": {"name": "one-vf"}, "spec": {"spec": {"devices": {"requests": [request]}}}},
+    )
+    pod = pod_with_claim(kn, "scheduled", "")
+    pod["spec"]["resourceClaims"] = [{"name": "vf", "resourceClaimTemplateName": "one-vf"}]
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": kn.name}
+    # The kubelet registers its Node with the not-ready taint, which only the node
+    # lifecycle controller (not running) would lift.
+    pod["spec"]["tolerations"] = [{"operator": "Exists"}]
+    kn.cluster.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+    running = kn.wait_running(namespace, "scheduled")
+    (status,) = running["status"]["resourceClaimStatuses"]
+    claim = kn.cluster.get(f"{CLAIMS.format(ns=namespace)}/{status['resourceClaimName']}")
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"]) == (DRIVER, dra.pool)
+    assert result["device"] in ("vf-0000-5e-02-0", "vf-0000-5e-02-1")
+    assert [r["uid"] for r in claim["status"]["reservedFor"]] == [running["metadata"]["uid"]]
+    uid = claim["metadata"]["uid"]
+    spec_file = dra.cdi_dir / f"sriov.plexus.io-claim_{uid}.json"
+    (device,) = json.loads(spec_file.read_text())["devices"]
+    assert device["name"] == f"{uid}-{result['device']}"
+
+    kn.delete_pod(namespace, "scheduled")
+    kn.wait_for(
+        "NodeUnprepareResources of the template's claim",
+        lambda: not spec_file.exists() and not (dra.state_dir / f"{uid}.json").exists(),
+        dra.log,
+    )
