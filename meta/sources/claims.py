@@ -4,9 +4,10 @@ claims' `status.devices` (KEP-4817 networkData).
 Reads happen only for a pod that has claims, and only when one of its networks has a
 resourceName. Each claim is one GET (claims cannot be watched per node, and a cluster's
 claims can be many). Device attributes come from an informer over this node's
-ResourceSlices, started by the first such pod (a node without DRA pods watches nothing);
-a device not in it (the informer not synced yet, or a pool not bound to this node) costs
-one LIST of its driver's slices for the call. The status is one server-side apply on
+ResourceSlices, started by the first such pod, which waits for its first list (a node
+without DRA pods watches nothing); a device not in it (a pool not bound to this node, or
+the informer not synced within the wait) costs one LIST of its driver's slices for the
+call. Thin mode, without informers, always LISTs. The status is one server-side apply on
 `resourceclaims/status` with field manager `plexus`, bounded and queued as the
 network-status write.
 """
@@ -34,6 +35,7 @@ from meta.sources.writes import BackgroundWriter, Write, write_bounded
 
 GROUP_PATH = "/apis/resource.k8s.io/v1"
 SLICE_PATH = f"{GROUP_PATH}/resourceslices"
+SLICE_SYNC_SECONDS = 3.0
 
 
 class NodeSlice:
@@ -127,6 +129,8 @@ class KubeClaims:
                 query = {"fieldSelector": f"spec.nodeName={self.node_name}"}
                 self.slices = Informer(self.api, SLICE_PATH, query, NodeSlice)
                 self.slices.start()
+        if self.slices is not None:
+            self.slices.synced.wait(SLICE_SYNC_SECONDS)
 
     def _cached(self, key: DeviceKey) -> NodeSlice | None:
         """The watched slice that publishes the device, if the informer has it."""
