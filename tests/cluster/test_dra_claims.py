@@ -21,7 +21,9 @@ import pytest
 import yaml
 
 from meta.claims import DEVICE_ID_ATTRIBUTE, FIELD_MANAGER, RESOURCE_NAME_ATTRIBUTE
-from meta.sources.base import RESOURCE_NAME_ANNOTATION
+from meta.sources.base import RESOURCE_NAME_ANNOTATION, Pod, PodClaim
+from meta.sources.claims import KubeClaims
+from meta.sources.kubeapi import KubeAPI
 from tests.cluster.apiserver import REPO, Cluster, audit_events
 from tests.cluster.test_daemon_kube import KubeNode
 from tests.kubelet import serve
@@ -256,6 +258,20 @@ def test_second_pod_reads_only_its_claim(dra: DraNode) -> None:
     assert dra.recorded() == [("net1", "0000:3b:02.1"), ("net1", "0000:3b:02.2")]
 
 
+def test_claims_are_not_read_without_a_network_that_has_a_resource(dra: DraNode) -> None:
+    dra.nad("macvlan-net", dra.node.macvlan_conf())
+    dra.claim("gpu-claim", ["gpu"])  # never allocated: reading it would fail the ADD
+    uid = dra.claim_pod("gpu", "macvlan-net", [{"name": "gpu", "resourceClaimName": "gpu-claim"}])
+    time.sleep(0.5)
+    before = dra.audit_mark()
+
+    netns, done = dra.add("gpu", uid)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert dra.node.links(netns) == ["eth0", "lo", "net1"]
+    assert [c for c in dra.calls_since(before) if c[0] in ("get", "list")] == []
+
+
 def test_template_claim_through_pod_status(dra: DraNode) -> None:
     pool = dra.publish(DRIVER, {"vf-t": _vf("0000:3b:03.1")})
     dra.vf_nad("vf-net", "10.77.0.7/24")
@@ -346,6 +362,42 @@ def test_claim_errors_name_the_problem(dra: DraNode) -> None:
             assert dra.node.links(netns) == ["lo"]
     assert dra.recorded() == []
     assert "status" not in dra.claim_obj("other") or not dra.devices_status("other")
+
+
+def test_thin_mode_lists_the_driver_slices_and_writes_at_once(dra: DraNode) -> None:
+    """Without informers (thin mode): the slices come from a LIST by driver, and the
+    status is written within the call, no background queue."""
+    pool = dra.publish(DRIVER, {"vf-thin": _vf("0000:3b:06.1")})
+    dra.claim("thin", ["vf"])
+    uid = dra.claim_pod("p-thin", "", [{"name": "vf", "resourceClaimName": "thin"}])
+    dra.allocate("thin", "p-thin", uid, [_result("vf", DRIVER, pool, "vf-thin")])
+    claims = KubeClaims(KubeAPI(str(dra.cluster.kubeconfig)), "", 2.0, None, watch_slices=False)
+    pod = Pod(
+        namespace=dra.namespace,
+        name="p-thin",
+        uid=uid,
+        resource_claims=[PodClaim(name="vf", claim="thin")],
+    )
+
+    (device,) = claims.claim_devices(pod)
+
+    assert (device.device, device.device_id, device.resource_name) == (
+        "vf-thin",
+        "0000:3b:06.1",
+        RESOURCE,
+    )
+    entry = {
+        "driver": DRIVER,
+        "pool": pool,
+        "device": "vf-thin",
+        "networkData": {"interfaceName": "net1"},
+    }
+    claims.set_device_status(dra.namespace, "thin", device.uid, [entry])
+    assert [s["networkData"] for s in dra.devices_status("thin")] == [{"interfaceName": "net1"}]
+    # A write meant for an older claim of that name (its UID) never lands on this one.
+    stale = {**entry, "networkData": {"interfaceName": "net9"}}
+    claims.set_device_status(dra.namespace, "thin", "uid-of-an-older-claim", [stale])
+    assert [s["networkData"] for s in dra.devices_status("thin")] == [{"interfaceName": "net1"}]
 
 
 def test_daemon_cluster_role_allows_the_claim_reads_and_status_write(cluster: Cluster) -> None:
