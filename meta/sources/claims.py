@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import urllib.parse
+from dataclasses import dataclass
 from typing import Any
 
 from cni.errors import CNIError, ErrorCode
@@ -38,21 +39,25 @@ SLICE_PATH = f"{GROUP_PATH}/resourceslices"
 SLICE_SYNC_SECONDS = 3.0
 
 
+@dataclass
 class NodeSlice:
     """A ResourceSlice reduced to what attachment needs: its devices' Multus attributes."""
 
-    def __init__(self, obj: dict[str, Any]) -> None:
-        spec = obj.get("spec") or {}
-        self.namespace = ""
-        self.name = str((obj.get("metadata") or {}).get("name", ""))
-        self.driver = str(spec.get("driver", ""))
-        self.pool = str((spec.get("pool") or {}).get("name", ""))
-        self.devices = slice_attributes(obj)
+    name: str
+    driver: str
+    pool: str
+    devices: dict[str, DeviceAttributes | None]
+    namespace: str = ""  # slices are cluster-scoped
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, NodeSlice) and vars(self) == vars(other)
 
-    __hash__ = None  # type: ignore[assignment]
+def _node_slice(obj: dict[str, Any]) -> NodeSlice:
+    spec = obj.get("spec") or {}
+    return NodeSlice(
+        name=str((obj.get("metadata") or {}).get("name", "")),
+        driver=str(spec.get("driver", "")),
+        pool=str((spec.get("pool") or {}).get("name", "")),
+        devices=slice_attributes(obj),
+    )
 
 
 class KubeClaims:
@@ -127,7 +132,7 @@ class KubeClaims:
         with self._lock:
             if self.slices is None and self._watch_slices:
                 query = {"fieldSelector": f"spec.nodeName={self.node_name}"}
-                self.slices = Informer(self.api, SLICE_PATH, query, NodeSlice)
+                self.slices = Informer(self.api, SLICE_PATH, query, _node_slice)
                 self.slices.start()
         if self.slices is not None:
             self.slices.synced.wait(SLICE_SYNC_SECONDS)
@@ -148,7 +153,7 @@ class KubeClaims:
                 f"listing the ResourceSlices of {driver} failed",
                 str(exc),
             ) from exc
-        return [NodeSlice(obj) for obj in body.get("items", [])]
+        return [_node_slice(obj) for obj in body.get("items", [])]
 
     # ---- writes --------------------------------------------------------------
 

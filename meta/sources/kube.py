@@ -4,7 +4,7 @@ In the daemon, list+watch keeps both caches warm, so an ADD makes no GET. The
 network-status is one merge PATCH on `pods/status` made during the ADD, bounded by
 `write_timeout`; past that it continues in the background writer (writes.py), where
 events always go. Without informers (thin mode) look-ups are GETs and writes are
-one bounded attempt each.
+one bounded attempt each. DRA ResourceClaims and their status: claims.py.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ got is observable without SR-IOV hardware.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -177,11 +178,8 @@ class DraNode(KubeNode):
 
 @pytest.fixture
 def dra(node: Node, cluster: Cluster, namespace: str) -> Iterator[DraNode]:
-    d = DraNode(node, cluster, namespace)
-    try:
+    with contextlib.closing(DraNode(node, cluster, namespace)) as d:
         yield d
-    finally:
-        d.close()
 
 
 def _vf(pci: str, resource: str = RESOURCE) -> dict[str, str]:
