@@ -52,8 +52,9 @@ class DraNode(KubeNode):
 
     def publish(self, driver: str, devices: dict[str, dict[str, str]]) -> str:
         """A ResourceSlice of this node, as a (fake) node plugin publishes it; its pool."""
-        pool = f"{NODE}-{self.tag}-{driver.split('.')[0]}"
-        name = f"fake-node-plugin-{pool}"
+        short = f"{driver.split('.')[0]}-{self.tag}"
+        pool = f"{NODE}/{short}"  # a path, as the node plugin names its pools
+        name = f"fake-node-plugin-{NODE}-{short}"
         self.cluster.create(
             f"{RESOURCE_API}/resourceslices",
             {
