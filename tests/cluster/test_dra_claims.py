@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -76,14 +78,25 @@ class DraNode(KubeNode):
         return pool
 
     def vf_nad(self, name: str, address: str, resource: str = RESOURCE) -> None:
+        """A NAD of `resource` whose plugin records what it gets and returns `address`."""
         plugin = {"type": "recorder", "record": str(self.record), "address": address}
+        self.resource_nad(name, {"cniVersion": "1.0.0", "name": name, **plugin}, resource)
+
+    def macvlan_vf_nad(self, name: str) -> None:
+        """A NAD of RESOURCE: a real macvlan, then the recorder (which passes its result on)."""
+        macvlan = self.node.macvlan_conf("10.79.0.0/16")
+        recorder = {"type": "recorder", "record": str(self.record)}
+        plugins = [{k: v for k, v in macvlan.items() if k != "cniVersion"}, recorder]
+        self.resource_nad(name, {"cniVersion": "1.0.0", "name": name, "plugins": plugins})
+
+    def resource_nad(self, name: str, config: dict[str, Any], resource: str = RESOURCE) -> None:
         self.cluster.create(
             f"/apis/k8s.cni.cncf.io/v1/namespaces/{self.namespace}/network-attachment-definitions",
             {
                 "apiVersion": "k8s.cni.cncf.io/v1",
                 "kind": "NetworkAttachmentDefinition",
                 "metadata": {"name": name, "annotations": {RESOURCE_NAME_ANNOTATION: resource}},
-                "spec": {"config": json.dumps({"cniVersion": "1.0.0", "name": name, **plugin})},
+                "spec": {"config": json.dumps(config)},
             },
         )
 
@@ -183,6 +196,19 @@ def dra(node: Node, cluster: Cluster, namespace: str) -> Iterator[DraNode]:
         yield d
 
 
+def _kernel_view(netns: str, ifname: str) -> dict[str, Any]:
+    """The interface in the pod's namespace as networkData describes it."""
+    out = subprocess.run(
+        ["ip", "-n", os.path.basename(netns), "-j", "addr", "show", "dev", ifname],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    (link,) = json.loads(out)
+    ips = [f"{a['local']}/{a['prefixlen']}" for a in link["addr_info"] if a["scope"] == "global"]
+    return {"interfaceName": link["ifname"], "ips": ips, "hardwareAddress": link["address"]}
+
+
 def _vf(pci: str, resource: str = RESOURCE) -> dict[str, str]:
     return {RESOURCE_NAME_ATTRIBUTE: resource, DEVICE_ID_ATTRIBUTE: pci}
 
@@ -196,7 +222,7 @@ def test_claim_device_id_reaches_the_delegate_and_network_data_the_claim(dra: Dr
         DRIVER, {"vf-3b-02-1": _vf("0000:3b:02.1"), "vf-3b-02-2": _vf("0000:3b:02.2")}
     )
     gpu_pool = dra.publish("gpu.example.com", {"gpu-0": {}})  # no Multus attributes
-    dra.vf_nad("vf-net", "10.77.0.5/24")
+    dra.macvlan_vf_nad("vf-net")
     dra.claim("vf-claim", ["vf", "gpu"])
     uid = dra.claim_pod("dra", "vf-net", [{"name": "vf", "resourceClaimName": "vf-claim"}])
     dra.allocate(
@@ -211,7 +237,7 @@ def test_claim_device_id_reaches_the_delegate_and_network_data_the_claim(dra: Dr
     time.sleep(0.5)  # let the watch deliver the pod
     before = dra.audit_mark()
 
-    _, done = dra.add("dra", uid)
+    netns, done = dra.add("dra", uid)
 
     assert done.returncode == 0, done.stdout + done.stderr
     assert dra.recorded() == [("net1", "0000:3b:02.2")]
@@ -221,11 +247,8 @@ def test_claim_device_id_reaches_the_delegate_and_network_data_the_claim(dra: Dr
         "pool": vf_pool,
         "device": "vf-3b-02-2",
     }
-    assert status["networkData"] == {
-        "interfaceName": "net1",
-        "ips": ["10.77.0.5/24"],
-        "hardwareAddress": "02:00:00:00:00:01",
-    }
+    assert status["networkData"] == _kernel_view(netns, "net1")
+    assert status["networkData"]["ips"][0].startswith("10.79.")
     (ready,) = status["conditions"]
     assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "NetworkAttached")
     managers = [
