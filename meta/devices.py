@@ -50,5 +50,6 @@ class DeviceAllocator:
             f"{self.pod.namespace}/{self.pod.name} (allocated: {held}; "
             f"{len(taken)} taken by earlier networks)",
             "request one unit of the resource per network that uses it in the pod's "
-            "resources.limits",
+            "resources.limits, or a device through a ResourceClaim whose "
+            f"k8s.cni.cncf.io/resourceName attribute is {resource}",
         )

@@ -1,9 +1,10 @@
 """ADD, DEL, CHECK, STATUS and GC across all of a pod's networks.
 
 The engine does no I/O of its own; it touches the world only through its seams: the
-cluster source (pods, NADs, network-status, events), the CNI runtime (delegates and their
-result cache), the device source (kubelet PodResources) and the node (attachment records,
-locks, readiness, device-info files, default routes in the pod's namespace).
+cluster source (pods, NADs, network-status, events, and DRA ResourceClaims), the CNI
+runtime (delegates and their result cache), the device source (kubelet PodResources) and
+the node (attachment records, locks, readiness, device-info files, default routes in the
+pod's namespace).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from cni.runtime import CNIRuntime, RuntimeConf
 from cni.version import version_at_least
 from meta import routes
 from meta.attachments import NetworkNotFound, Resolver, unhonoured_requests
+from meta.claims import ClaimedDevices, status_by_claim
 from meta.config import MetaConfig
 from meta.delegate import Delegate
 from meta.devices import DeviceSource
@@ -45,6 +47,7 @@ class Engine:
         self.runtime = runtime
         self.node = node
         self.devices = devices
+        self.claims = source.claims() if source is not None else None
 
     # ---- ADD -----------------------------------------------------------------
 
@@ -63,7 +66,8 @@ class Engine:
             if pod is None and self._pod_expected(args):
                 log.warning("pod not found: returning an empty result without attaching anything")
                 return Result(cniVersion=self.conf.cni_version)
-            delegates = self._resolve(args, pod, log, devices=self.devices)
+            claimed = self._claimed(pod)
+            delegates = self._resolve(args, pod, log, devices=claimed or self.devices)
             self.node.name_device_info_files(args.container_id, delegates)
             plan = routes.plan_default_routes(delegates)
             self.node.save_record(
@@ -86,6 +90,8 @@ class Engine:
             cache_sync = self.node.start_sync(args.container_id, self._cache_files(args, delegates))
             try:
                 self._write_status(pod, delegates, results, log)
+                if claimed is not None:
+                    self._write_claim_status(claimed, delegates, results, log)
                 with log.step("sync state to disk", files=len(delegates) + 1):
                     record_sync.wait()
                     cache_sync.wait()
@@ -97,6 +103,28 @@ class Engine:
             self._warn_unhonoured(pod, delegates, results, log)
             default = next(r for d, r in zip(delegates, results, strict=True) if d.default)
             return default.convert(self.conf.cni_version)
+
+    def _claimed(self, pod: Pod | None) -> ClaimedDevices | None:
+        """Device IDs from the pod's ResourceClaims before the kubelet's; None (no claim
+        is read) for a pod without claims."""
+        if self.claims is None or pod is None or not pod.resource_claims:
+            return None
+        return ClaimedDevices(self.claims, pod, self.devices)
+
+    def _write_claim_status(
+        self,
+        claimed: ClaimedDevices,
+        delegates: list[Delegate],
+        results: list[Result],
+        log: StepLogger,
+    ) -> None:
+        """`status.devices` (Ready, networkData) of each claim whose device was attached."""
+        assert self.claims is not None
+        for (namespace, claim, uid), devices in status_by_claim(
+            claimed.attached(delegates, results)
+        ).items():
+            with log.step("write claim status", claim=f"{namespace}/{claim}", devices=len(devices)):
+                self.claims.set_device_status(namespace, claim, uid, devices)
 
     def _refuse_second_add(self, args: CmdArgs) -> None:
         """The spec forbids a second ADD of one container and interface without a DEL

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, Field, model_validator
+
+if TYPE_CHECKING:
+    from meta.claims import ClaimSource
 
 CONFIG_SOURCE_ANNOTATION = "kubernetes.io/config.source"
 CONFIG_MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 RESOURCE_NAME_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
+
+
+class PodClaim(BaseModel):
+    """One entry of a pod's `spec.resourceClaims` (DRA), with the ResourceClaim it names.
+
+    `claim` is `resourceClaimName`, or for a `resourceClaimTemplateName` the name the
+    controller generated (from `status.resourceClaimStatuses`): None while it has not
+    generated one, "" when it reported that none was needed.
+    """
+
+    name: str
+    claim: str | None = None
+    template: bool = False
 
 
 class Pod(BaseModel):
@@ -20,6 +36,7 @@ class Pod(BaseModel):
     annotations: dict[str, str] = Field(default_factory=dict)
     node_name: str = ""
     static: bool = False  # made by the kubelet, not the API server; also set from annotations
+    resource_claims: list[PodClaim] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _detect_static(self) -> Pod:
@@ -77,4 +94,9 @@ class ClusterSource(Protocol):
         Best effort and never in the caller's way: a source may write it later (the API
         server's, from a background queue); a failure is logged, never raised.
         """
+        ...
+
+    def claims(self) -> ClaimSource | None:
+        """Where pods' DRA ResourceClaims are read and their status written; None if the
+        source has none (the embedded store)."""
         ...

@@ -15,6 +15,7 @@ from typing import Any
 
 import urllib3
 
+from cni.errors import CNIError, ErrorCode
 from meta.sources.kubeconfig import Credentials
 
 
@@ -111,3 +112,17 @@ class KubeAPI:
                         yield json.loads(line)
         finally:
             response.release_conn()
+
+
+def get_object(api: KubeAPI, path: str) -> dict[str, Any] | None:
+    """GET one object; None if it does not exist, code 11 if the server cannot answer."""
+    try:
+        return api.request("GET", path)
+    except APIError as exc:
+        if exc.status == 404:
+            return None
+        raise CNIError(ErrorCode.TRY_AGAIN_LATER, f"GET {path} failed", str(exc)) from exc
+    except OSError as exc:
+        raise CNIError(
+            ErrorCode.TRY_AGAIN_LATER, "the API server is unreachable", str(exc)
+        ) from exc

@@ -172,6 +172,10 @@ class EmbeddedStore(ClusterSource):
         except OSError as exc:
             log.warning("event not recorded: cannot append to %s: %s", path, exc)
 
+    def claims(self) -> None:
+        """The embedded store holds no ResourceClaims."""
+        return None
+
     def _find(
         self, kind: tuple[str, str], namespace: str, name: str
     ) -> tuple[Path, dict[str, Any]] | None:

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
+from cni.errors import CNIError, ErrorCode
 from meta.sources.kubeapi import APIError
 
 log = logging.getLogger("plexus.kube")
@@ -40,6 +41,45 @@ class Write:
 def retriable(exc: Exception) -> bool:
     """Worth another try: the server was unreachable, overloaded or failing."""
     return not isinstance(exc, APIError) or exc.status >= 500 or exc.status == 429
+
+
+def _gone(exc: Exception) -> bool:
+    """The object is gone (404), or its UID precondition failed: it was deleted and made
+    again under its name."""
+    if not isinstance(exc, APIError):
+        return False
+    return exc.status == 404 or (exc.status == 422 and "metadata.uid" in str(exc))
+
+
+def write_bounded(
+    write: Write, key: Hashable, timeout: float, writer: BackgroundWriter | None
+) -> None:
+    """One attempt within `timeout`, for a write that is part of a CNI call.
+
+    An object gone is not an error (logged); a server that did not answer in time, is
+    away or failing hands the write to `writer` (the call succeeds), or without one
+    (thin mode) is code 11; any other refusal is code 5.
+    """
+    try:
+        write.send(timeout)
+    except (APIError, OSError) as exc:
+        if _gone(exc):
+            log.warning("object gone or replaced; not written", extra={"what": write.what})
+            return
+        if not retriable(exc):
+            raise CNIError(ErrorCode.IO_FAILURE, f"writing {write.what} failed", str(exc)) from exc
+        if writer is None:
+            raise CNIError(
+                ErrorCode.TRY_AGAIN_LATER, f"writing {write.what} failed", str(exc)
+            ) from exc
+        writer.put_status(key, write)
+        log.warning(
+            "write not done within the bound; queued",
+            extra={"what": write.what, "bound_s": timeout, "error": str(exc)},
+        )
+        return
+    if writer is not None:
+        writer.discard_status(key)  # an older value still queued must not land later
 
 
 class BackgroundWriter:
