@@ -17,13 +17,15 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from tests.cluster.apiserver import CONTROLLERS, REPO, ApiError, Cluster, binary
-from tests.cluster.kubelet import DevicePlugin, KubeletNode
+from tests.cluster.kubelet import DevicePlugin, KubeletNode, create_nad, network_status
+from tests.netns.test_device_ids import RECORDER
 
 DRIVER = "sriov.plexus.io"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -32,6 +34,7 @@ TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates"
 DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"
 PF = "0000:5e:00.0"
 VFS = ["0000:5e:02.0", "0000:5e:02.1"]
+DEVICE_IDS = {f"vf-{a.replace(':', '-').replace('.', '-')}": a for a in VFS}
 RESOURCE_NAME = "dra_vfs"
 RESOURCE = f"intel.com/{RESOURCE_NAME}"
 BY_RESOURCE = f'device.attributes["k8s.cni.cncf.io"].resourceName == "{RESOURCE}"'
@@ -160,10 +163,13 @@ def allocate(dra: DraPlugin, namespace: str, claim: str, device: str, pod: Json)
     return updated
 
 
-def pod_with_claim(kn: KubeletNode, name: str, claim: str) -> Json:
-    """A pod for the node (bound later, as the scheduler would) using `claim`."""
-    pod = kn.pod_manifest(name, "")
-    del pod["spec"]["nodeName"], pod["metadata"]["annotations"]
+def pod_with_claim(kn: KubeletNode, name: str, claim: str, networks: str = "") -> Json:
+    """A pod for the node (bound later, as the scheduler would) using `claim`, attached
+    to `networks` (the annotation) if given."""
+    pod = kn.pod_manifest(name, networks)
+    del pod["spec"]["nodeName"]
+    if not networks:
+        del pod["metadata"]["annotations"]
     pod["spec"]["resourceClaims"] = [{"name": "vf", "resourceClaimName": claim}]
     pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "vf"}]}
     return pod
@@ -238,6 +244,139 @@ def test_pod_with_claim_is_prepared_and_unprepared_across_a_plugin_restart(
         release(kn.cluster, namespace, claim_name)
 
 
+class FakeSriov:
+    """The NAD's sriov delegate: a FAKE (the recorder of tests/netns/test_device_ids.py,
+    installed as `fake-sriov` in the node's CNI bin dir), since no VF netdevice of a fake
+    sysfs can move into a pod. It logs each call's stdin and returns `address` on
+    `CNI_IFNAME` with the recorder's MAC, as sriov-cni would report the VF."""
+
+    MAC = "02:00:00:00:00:01"
+
+    def __init__(self, kn: KubeletNode, address: str) -> None:
+        self.address = address
+        self.record = kn.root / f"fake-sriov-{uuid.uuid4().hex[:6]}.jsonl"
+        plugin = kn.node.bin / "fake-sriov"
+        plugin.write_text(RECORDER)
+        plugin.chmod(0o755)
+
+    def nad(self, kn: KubeletNode, namespace: str, name: str) -> None:
+        """A NAD of the DRA pool's resource whose delegate is this fake."""
+        config = {
+            "cniVersion": "1.0.0",
+            "name": name,
+            "type": "fake-sriov",
+            "record": str(self.record),
+            "address": self.address,
+        }
+        create_nad(kn.cluster, namespace, name, config, resource=RESOURCE)
+
+    def calls(self) -> list[Json]:
+        """{cmd, ifname, conf} of every call, in order."""
+        lines = self.record.read_text().splitlines() if self.record.exists() else []
+        return [json.loads(line) for line in lines]
+
+
+def claim_status(kn: KubeletNode, namespace: str, claim: str) -> Json:
+    """The claim once Plexus has written its status.devices (in the background)."""
+    path = f"{CLAIMS.format(ns=namespace)}/{claim}"
+    found: Json = {}
+
+    def written() -> bool:
+        found.update(kn.cluster.get(path))
+        return bool(found.get("status", {}).get("devices"))
+
+    kn.wait_for(f"status.devices of ResourceClaim {namespace}/{claim}", written)
+    return found
+
+
+def check_attached(
+    dra: DraPlugin, fake: FakeSriov, namespace: str, pod: Json, claim: str, device: str
+) -> tuple[str, str, list[str]]:
+    """The claim's VF reached the fake sriov delegate and networkData the claim; return the
+    pod's sandbox ID, netns and IPs."""
+    kn = dra.kn
+    (add,) = [c for c in fake.calls() if c["cmd"] == "ADD"]
+    assert add["ifname"] == "net1"
+    assert add["conf"]["deviceID"] == add["conf"]["pciBusID"] == DEVICE_IDS[device]
+
+    entries = network_status(kn, namespace, pod["metadata"]["name"])
+    assert [(e["name"], e["interface"]) for e in entries] == [
+        ("default-net", "eth0"),
+        (f"{namespace}/vf-net", "net1"),
+    ]
+    assert (entries[1]["ips"], entries[1]["mac"]) == (
+        [fake.address.split("/")[0]],
+        FakeSriov.MAC,
+    )
+    obj = claim_status(kn, namespace, claim)
+    (status,) = obj["status"]["devices"]
+    assert (status["driver"], status["pool"], status["device"]) == (DRIVER, dra.pool, device)
+    assert status["networkData"] == {
+        "interfaceName": "net1",
+        "ips": [fake.address],
+        "hardwareAddress": FakeSriov.MAC,
+    }
+    (ready,) = status["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "NetworkAttached")
+    managers = [
+        (m["manager"], m["operation"], m.get("subresource"))
+        for m in obj["metadata"]["managedFields"]
+    ]
+    assert ("plexus", "Apply", "status") in managers
+
+    (sandbox,) = kn.sandboxes(pod["metadata"]["uid"], ready_only=True)
+    netns = kn.sandbox_netns(sandbox.id)
+    assert sandbox.id in kn.records()
+    return sandbox.id, netns, entries[0]["ips"]
+
+
+def check_released(
+    dra: DraPlugin, fake: FakeSriov, claim_uid: str, sandbox: tuple[str, str, list[str]]
+) -> None:
+    """After the pod's deletion: the kubelet unprepared the claim and the daemon's DEL
+    reached the fake delegate and released the sandbox's record and IPs."""
+    kn = dra.kn
+    sandbox_id, netns, ips = sandbox
+    spec_file = dra.cdi_dir / f"sriov.plexus.io-claim_{claim_uid}.json"
+    kn.wait_for(
+        "NodeUnprepareResources to remove the CDI spec and the prepared state",
+        lambda: not spec_file.exists() and not (dra.state_dir / f"{claim_uid}.json").exists(),
+        dra.log,
+    )
+    assert "DEL" in [c["cmd"] for c in fake.calls()]
+    assert sandbox_id not in kn.records()
+    assert not set(ips) & set(kn.node.reserved_ips())
+    assert not Path(netns).exists(), f"{netns} still exists"
+
+
+def test_claim_vf_reaches_the_sriov_delegate_and_network_data_the_claim(
+    dra: DraPlugin, namespace: str
+) -> None:
+    kn = dra.kn
+    kn.wait_for("DRA registration", lambda: dra.registrations() >= 1, dra.log)
+    wait_slices(dra)
+    fake = FakeSriov(kn, "10.96.0.5/24")
+    fake.nad(kn, namespace, "vf-net")
+    records_before, reserved_before = kn.records(), kn.node.reserved_ips()
+    claim_name = f"vf-{uuid.uuid4().hex[:6]}"
+    claim = kn.cluster.create(CLAIMS.format(ns=namespace), claim_manifest(claim_name))
+    try:
+        manifest = pod_with_claim(kn, "attached", claim_name, networks="vf-net")
+        pod = kn.cluster.create(f"/api/v1/namespaces/{namespace}/pods", manifest)
+        allocate(dra, namespace, claim_name, "vf-0000-5e-02-0", pod)
+        bind(kn, namespace, "attached")
+        kn.wait_running(namespace, "attached")
+
+        sandbox = check_attached(dra, fake, namespace, pod, claim_name, "vf-0000-5e-02-0")
+
+        kn.delete_pod(namespace, "attached")
+        check_released(dra, fake, claim["metadata"]["uid"], sandbox)
+        assert kn.records() == records_before
+        assert kn.node.reserved_ips() == reserved_before
+    finally:
+        release(kn.cluster, namespace, claim_name)
+
+
 def test_kubelet_restart_wipes_slices_and_the_plugin_publishes_them_again(
     dra: DraPlugin,
 ) -> None:
@@ -276,12 +415,14 @@ def scheduler(cluster: Cluster) -> Iterator[None]:
             cluster.stop_controllers()
 
 
-def test_template_claim_is_allocated_by_the_scheduler_and_prepared(
+def test_template_claim_is_allocated_by_the_scheduler_prepared_and_attached(
     dra: DraPlugin, namespace: str, scheduler: None
 ) -> None:
     kn = dra.kn
     kn.wait_for("DRA registration", lambda: dra.registrations() >= 1, dra.log)
     wait_slices(dra)
+    fake = FakeSriov(kn, "10.96.0.6/24")
+    fake.nad(kn, namespace, "vf-net")
     request = {
         "name": "vf",
         "exactly": {
@@ -293,7 +434,7 @@ def test_template_claim_is_allocated_by_the_scheduler_and_prepared(
         TEMPLATES.format(ns=namespace),
         {"metadata": {"name": "one-vf"}, "spec": {"spec": {"devices": {"requests": [request]}}}},
     )
-    pod = pod_with_claim(kn, "scheduled", "")
+    pod = pod_with_claim(kn, "scheduled", "", networks="vf-net")
     pod["spec"]["resourceClaims"] = [{"name": "vf", "resourceClaimTemplateName": "one-vf"}]
     pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": kn.name}
     # The kubelet registers its Node with the not-ready taint, which only the node
@@ -302,7 +443,8 @@ def test_template_claim_is_allocated_by_the_scheduler_and_prepared(
     kn.cluster.create(f"/api/v1/namespaces/{namespace}/pods", pod)
     running = kn.wait_running(namespace, "scheduled")
     (status,) = running["status"]["resourceClaimStatuses"]
-    claim = kn.cluster.get(f"{CLAIMS.format(ns=namespace)}/{status['resourceClaimName']}")
+    claim_name = status["resourceClaimName"]
+    claim = kn.cluster.get(f"{CLAIMS.format(ns=namespace)}/{claim_name}")
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert (result["driver"], result["pool"]) == (DRIVER, dra.pool)
     assert result["device"] in ("vf-0000-5e-02-0", "vf-0000-5e-02-1")
@@ -311,10 +453,8 @@ def test_template_claim_is_allocated_by_the_scheduler_and_prepared(
     spec_file = dra.cdi_dir / f"sriov.plexus.io-claim_{uid}.json"
     (device,) = json.loads(spec_file.read_text())["devices"]
     assert device["name"] == f"{uid}-{result['device']}"
+    # The daemon found the generated claim through the pod's status.
+    sandbox = check_attached(dra, fake, namespace, running, claim_name, result["device"])
 
     kn.delete_pod(namespace, "scheduled")
-    kn.wait_for(
-        "NodeUnprepareResources of the template's claim",
-        lambda: not spec_file.exists() and not (dra.state_dir / f"{uid}.json").exists(),
-        dra.log,
-    )
+    check_released(dra, fake, uid, sandbox)
