@@ -59,6 +59,7 @@ def serve(args: argparse.Namespace) -> int:
                     kubelet_plugins_dir=Path(args.kubelet_plugins_dir),
                     cdi_dir=Path(args.cdi_dir),
                     state_dir=Path(args.dra_state_dir),
+                    devinfo_dir=args.devinfo_dir,
                 ),
                 registry_dir=Path(args.registry_dir),
                 sysfs_root=Path(args.sysfs_root),

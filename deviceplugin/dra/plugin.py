@@ -2,7 +2,9 @@
 
 The runner's discovery hands every scan's pools of the DRA resources to `update`: the
 healthy VFs are published as ResourceSlices (publish.py), and all of them are what
-Prepare may hand out (prepare.py); `start` begins serving the kubelet (server.py).
+Prepare may hand out (prepare.py) and get device-info files, as the device plugin's VFs
+do (the meta-plugin reports them in network-status); `start` begins serving the kubelet
+(server.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cni import deviceinfo
+from deviceplugin.allocate import DeviceInfoFiles
 from deviceplugin.dra.prepare import PoolDevice, Preparer
 from deviceplugin.dra.publish import SlicePublisher
 from deviceplugin.dra.server import DraServer
@@ -30,6 +34,7 @@ class DraOptions:
     kubelet_plugins_dir: Path = Path(KUBELET_PLUGINS_DIR)
     cdi_dir: Path = Path("/var/run/cdi")
     state_dir: Path = Path("/var/lib/plexus/dra")
+    devinfo_dir: str = deviceinfo.DEFAULT_DIR
     resync_seconds: float = 30.0
 
     def serves(self, resource: str) -> bool:
@@ -49,6 +54,8 @@ class DraPlugin:
             api, PreparedState(options.state_dir), options.cdi_dir, sysfs_root, dev_root
         )
         self.server = DraServer(self.preparer, registry_dir, options.kubelet_plugins_dir)
+        # Never cleared on stop: an upgraded instance may already serve the same VFs.
+        self._files: dict[str, DeviceInfoFiles] = {}
 
     def update(
         self, pools: Mapping[str, Sequence[PciNetDevice]], health: Mapping[str, bool]
@@ -63,6 +70,11 @@ class DraPlugin:
                 for resource, devices in pools.items()
             }
         )
+        for resource, devices in pools.items():
+            files = self._files.setdefault(
+                resource, DeviceInfoFiles(resource, self.options.devinfo_dir)
+            )
+            files.sync({d.address: d for d in devices})
         self.publisher.set_pools(
             {r: [d for d in devices if health.get(d.address)] for r, devices in pools.items()}
         )

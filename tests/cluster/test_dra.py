@@ -308,6 +308,12 @@ def check_attached(
         [fake.address.split("/")[0]],
         FakeSriov.MAC,
     )
+    # The DRA plugin's device-info file, as the device plugin writes one for its VFs.
+    assert entries[1]["device-info"] == {
+        "type": "pci",
+        "version": "1.1.0",
+        "pci": {"pci-address": DEVICE_IDS[device], "pf-pci-address": PF},
+    }
     obj = claim_status(kn, namespace, claim)
     (status,) = obj["status"]["devices"]
     assert (status["driver"], status["pool"], status["device"]) == (DRIVER, dra.pool, device)
