@@ -379,6 +379,14 @@ def test_claim_vf_reaches_the_sriov_delegate_and_network_data_the_claim(
         check_released(dra, fake, claim["metadata"]["uid"], sandbox)
         assert kn.records() == records_before
         assert kn.node.reserved_ips() == reserved_before
+        # DEL leaves the claim's status alone; deallocating it (the controller's part once
+        # the pod is gone) makes the API server drop the device's entry.
+        path = f"{CLAIMS.format(ns=namespace)}/{claim_name}"
+        obj = kn.cluster.get(path)
+        assert [d["device"] for d in obj["status"]["devices"]] == ["vf-0000-5e-02-0"]
+        obj["status"] = {}
+        deallocated = kn.cluster.request("PUT", f"{path}/status", obj)
+        assert "devices" not in deallocated.get("status", {}), deallocated["status"]
     finally:
         release(kn.cluster, namespace, claim_name)
 
