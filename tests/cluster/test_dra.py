@@ -6,10 +6,15 @@ VFs as ResourceSlices in the real kube-apiserver. No scheduler runs, so the test
 Kubernetes' own node e2e does without one: it allocates the claim itself (status.allocation,
 reservedFor the pod, the delete-protection finalizer) and binds the pod to the node; the
 kubelet then calls NodePrepareResources before the pod starts and NodeUnprepareResources
-after it is gone. A kubelet restart wipes the node's slices; the plugin publishes them again.
-Last, with kube-controller-manager (its ResourceClaim controller) and kube-scheduler built
-from the same modules, a pod with a ResourceClaimTemplate gets its claim made, allocated
-from our slices and reserved by the real scheduler, then prepared by the kubelet.
+after it is gone. With the Plexus daemon as the node's CNI, a pod whose networks include a
+NAD of the pool's resource gets its claim's VF: the deviceID goes to the NAD's sriov
+delegate (a FAKE standing in for sriov-cni, since no VF of a fake sysfs can move) and the
+claim gets networkData; after the pod's deletion the claim is unprepared and the DEL
+released it all. A kubelet restart wipes the node's slices; the plugin publishes them
+again. Last, with kube-controller-manager (its ResourceClaim controller) and
+kube-scheduler built from the same modules, a pod with a ResourceClaimTemplate gets its
+claim made, allocated from our slices and reserved by the real scheduler, then prepared by
+the kubelet and attached by the daemon the same way.
 """
 
 from __future__ import annotations
