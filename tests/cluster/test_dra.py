@@ -356,6 +356,7 @@ def check_released(
     )
     assert "DEL" in [c["cmd"] for c in fake.calls()]
     assert sandbox_id not in kn.records()
+    assert not list((kn.devinfo_dir / "cni").glob(f"*{sandbox_id}*"))  # the attachment's copy
     assert not set(ips) & set(kn.node.reserved_ips())
     assert not Path(netns).exists(), f"{netns} still exists"
 
