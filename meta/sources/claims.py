@@ -7,13 +7,16 @@ claims can be many). Device attributes come from an informer over this node's
 ResourceSlices, started by the first such pod, which waits for its first list (a node
 without DRA pods watches nothing); a device not in it (a pool not bound to this node, or
 the informer not synced within the wait) costs one LIST of its driver's slices for the
-call. Thin mode, without informers, always LISTs. The status is one server-side apply on
+call. Thin mode, without informers, always LISTs. A device no slice of its driver lists
+(a restarted kubelet wiped the node's slices, and the driver has not published them yet)
+is code 11: whether it carries the attributes is unknown. The status is one server-side apply on
 `resourceclaims/status` with field manager `plexus`, bounded and queued as the
 network-status write.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import urllib.parse
 from dataclasses import dataclass
@@ -88,15 +91,6 @@ class KubeClaims:
     def claim_devices(self, pod: Pod) -> list[ClaimDevice]:
         self._start_slices()
         listed: dict[str, list[NodeSlice]] = {}  # driver -> its slices, LISTed for this call
-
-        def lookup(key: DeviceKey) -> DeviceAttributes | None:
-            found = self._cached(key)
-            if found is None:
-                if key.driver not in listed:
-                    listed[key.driver] = self._list_driver(key.driver)
-                found = _slice_of(listed[key.driver], key)
-            return None if found is None else found.devices[key.device]
-
         devices = []
         for entry in pod.resource_claims:
             claim = self._claim_name(pod, entry)
@@ -114,8 +108,28 @@ class KubeClaims:
                     f"{where} does not exist",
                     "the kubelet starts a pod only once its claims exist; retry",
                 )
-            devices += allocated_devices(obj, where, lookup)
+            devices += allocated_devices(obj, where, functools.partial(self._lookup, where, listed))
         return devices
+
+    def _lookup(
+        self, where: str, listed: dict[str, list[NodeSlice]], key: DeviceKey
+    ) -> DeviceAttributes | None:
+        """The device's Multus attributes (None: it has not both); CNIError when no slice
+        of its driver lists it, since whether it carries them is then unknown."""
+        found = self._cached(key)
+        if found is None:
+            if key.driver not in listed:
+                listed[key.driver] = self._list_driver(key.driver)
+            found = _slice_of(listed[key.driver], key)
+        if found is None:
+            raise CNIError(
+                ErrorCode.TRY_AGAIN_LATER,
+                f"{where}: device {key.device} of pool {key.pool} ({key.driver}) is in no "
+                "ResourceSlice",
+                "a restarted kubelet deletes its node's slices until the driver publishes "
+                "them again; retry",
+            )
+        return found.devices[key.device]
 
     @staticmethod
     def _claim_name(pod: Pod, entry: PodClaim) -> str:

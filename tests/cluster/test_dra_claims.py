@@ -357,6 +357,9 @@ def test_claim_errors_name_the_problem(dra: DraNode) -> None:
     dra.claim("other", ["vf"])
     other = dra.claim_pod("p-other", "vf-net", [{"name": "vf", "resourceClaimName": "other"}])
     dra.allocate("other", "p-other", other, [_result("vf", DRIVER, pool, "vf-e")])
+    dra.claim("wiped", ["vf"])  # its device's slice is gone, as after a kubelet restart
+    wiped = dra.claim_pod("p-wiped", "vf-net", [{"name": "vf", "resourceClaimName": "wiped"}])
+    dra.allocate("wiped", "p-wiped", wiped, [_result("vf", DRIVER, pool, "vf-unpublished")])
     time.sleep(0.5)
     sock = dra.node.root / "fake-kubelet.sock"
 
@@ -374,6 +377,13 @@ def test_claim_errors_name_the_problem(dra: DraNode) -> None:
             f"ResourceClaim {dra.namespace}/nope (claim 'vf' of pod p-missing) does not exist",
         ),
         ("p-other", other, 7, f"no {RESOURCE} device left for pod {dra.namespace}/p-other"),
+        (
+            "p-wiped",
+            wiped,
+            11,
+            f"ResourceClaim {dra.namespace}/wiped (claim 'vf' of pod p-wiped): device "
+            f"vf-unpublished of pool {pool} ({DRIVER}) is in no ResourceSlice",
+        ),
     ]
     with serve(sock, {}):
         for pod, uid, code, message in cases:
