@@ -380,6 +380,13 @@ def test_claim_vf_reaches_the_sriov_delegate_and_network_data_the_claim(
         kn.wait_running(namespace, "attached")
 
         sandbox = check_attached(dra, fake, namespace, pod, claim_name, "vf-0000-5e-02-0")
+        # A kubelet restart (which wipes the node's slices) leaves the attached pod alone,
+        # and the new kubelet unprepares it from its checkpoint.
+        before = {s["metadata"]["uid"] for s in wait_slices(dra)}
+        kn.restart_kubelet()
+        kn.wait_node_ready()
+        wait_slices(dra, other_than=frozenset(before))
+        assert [c["cmd"] for c in fake.calls()] == ["ADD"]
 
         kn.delete_pod(namespace, "attached")
         check_released(dra, fake, claim["metadata"]["uid"], sandbox)
