@@ -258,13 +258,14 @@ class FakeSriov:
     MAC = "02:00:00:00:00:01"
 
     def __init__(self, kn: KubeletNode, address: str) -> None:
+        self.kn = kn
         self.address = address
         self.record = kn.root / f"fake-sriov-{uuid.uuid4().hex[:6]}.jsonl"
         plugin = kn.node.bin / "fake-sriov"
         plugin.write_text(RECORDER)
         plugin.chmod(0o755)
 
-    def nad(self, kn: KubeletNode, namespace: str, name: str) -> None:
+    def nad(self, namespace: str, name: str) -> None:
         """A NAD of the DRA pool's resource whose delegate is this fake."""
         config = {
             "cniVersion": "1.0.0",
@@ -273,7 +274,7 @@ class FakeSriov:
             "record": str(self.record),
             "address": self.address,
         }
-        create_nad(kn.cluster, namespace, name, config, resource=RESOURCE)
+        create_nad(self.kn.cluster, namespace, name, config, resource=RESOURCE)
 
     def calls(self) -> list[Json]:
         """{cmd, ifname, conf} of every call, in order."""
@@ -361,14 +362,21 @@ def check_released(
     assert not Path(netns).exists(), f"{netns} still exists"
 
 
+def vf_network(dra: DraPlugin, namespace: str, address: str) -> FakeSriov:
+    """Once the plugin is registered and its slices are out: NAD `vf-net` of the pool's
+    resource, whose fake sriov delegate answers with `address`."""
+    dra.kn.wait_for("DRA registration", lambda: dra.registrations() >= 1, dra.log)
+    wait_slices(dra)
+    fake = FakeSriov(dra.kn, address)
+    fake.nad(namespace, "vf-net")
+    return fake
+
+
 def test_claim_vf_reaches_the_sriov_delegate_and_network_data_the_claim(
     dra: DraPlugin, namespace: str
 ) -> None:
     kn = dra.kn
-    kn.wait_for("DRA registration", lambda: dra.registrations() >= 1, dra.log)
-    wait_slices(dra)
-    fake = FakeSriov(kn, "10.96.0.5/24")
-    fake.nad(kn, namespace, "vf-net")
+    fake = vf_network(dra, namespace, "10.96.0.5/24")
     records_before, reserved_before = kn.records(), kn.node.reserved_ips()
     claim_name = f"vf-{uuid.uuid4().hex[:6]}"
     claim = kn.cluster.create(CLAIMS.format(ns=namespace), claim_manifest(claim_name))
@@ -446,10 +454,7 @@ def test_template_claim_is_allocated_by_the_scheduler_prepared_and_attached(
     dra: DraPlugin, namespace: str, scheduler: None
 ) -> None:
     kn = dra.kn
-    kn.wait_for("DRA registration", lambda: dra.registrations() >= 1, dra.log)
-    wait_slices(dra)
-    fake = FakeSriov(kn, "10.96.0.6/24")
-    fake.nad(kn, namespace, "vf-net")
+    fake = vf_network(dra, namespace, "10.96.0.6/24")
     request = {
         "name": "vf",
         "exactly": {
