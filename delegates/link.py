@@ -30,7 +30,6 @@ from delegates.rtnl import (
     IFA_F_DADFAILED,
     IFA_F_TENTATIVE,
     IFF_LOWER_UP,
-    IFF_UP,
     NLM_F_APPEND,
     NLM_F_CREATE,
     NLM_F_EXCL,
@@ -42,8 +41,6 @@ from delegates.rtnl import (
     RTM_GETLINK,
     RTM_GETROUTE,
     RTM_NEWADDR,
-    RTM_NEWLINK,
-    RTM_NEWROUTE,
     AddrMsg,
     LinkMsg,
     NextHop,
@@ -61,6 +58,11 @@ from delegates.rtnl import (
     rtprotos,
     rtypes,
 )
+
+# Re-exported: callers read link flags and match message types with them.
+from delegates.rtnl import IFF_UP as IFF_UP
+from delegates.rtnl import RTM_NEWLINK as RTM_NEWLINK
+from delegates.rtnl import RTM_NEWROUTE as RTM_NEWROUTE
 
 PLUGIN_ERROR = 999
 """libcni's ErrInternal: the reference plugins wrap every error of their own in it."""

@@ -30,9 +30,11 @@ from delegates.link import (
     link_body,
     set_link,
 )
-from delegates.rtnl import ETH_P_8021AD as ETH_P_8021AD  # its callers' VLAN protocol names
+
+# Re-exported: the VLAN protocols callers name in VF settings.
+from delegates.rtnl import ETH_P_8021AD as ETH_P_8021AD
+from delegates.rtnl import ETH_P_8021Q as ETH_P_8021Q
 from delegates.rtnl import (
-    ETH_P_8021Q,
     HEADER,
     RTM_GETLINK,
     RTM_NEWLINK,

@@ -19,6 +19,7 @@ from delegates.rtnl import (
     NLM_F_APPEND,
     NLM_F_CREATE,
     NLM_F_EXCL,
+    LinkMsg,
     Rtnl,
     get_str,
     get_u32,
@@ -56,7 +57,7 @@ def attr_u32(kind: int, value: int) -> bytes:
 
 
 def test_pyroute2_tables_give_the_kernels_numbers() -> None:
-    data = link.LinkMsg.ifinfo.data_map
+    data = LinkMsg.ifinfo.data_map
     assert {name: link.IFLA[name] for name in ("IFLA_ADDRESS", "IFLA_IFNAME", "IFLA_MTU")} == {
         "IFLA_ADDRESS": IFLA_ADDRESS,
         "IFLA_IFNAME": IFLA_IFNAME,

@@ -16,7 +16,7 @@ import pytest
 
 from cni.errors import CNIError
 from delegates import link, vf
-from delegates.rtnl import Rtnl
+from delegates.rtnl import RTM_GETLINK, RTM_GETROUTE, RTM_NEWLINK, RTM_NEWROUTE, Rtnl
 
 EXPECTED = json.loads((Path(__file__).parent / "rtnl_requests.json").read_text())
 
@@ -33,10 +33,10 @@ def _route(family: int, table: int, oif: int, gw: bytes | None, priority: int) -
         body += attr(5, gw)
     if priority:
         body += attr(6, struct.pack("=I", priority))
-    return struct.pack("=IHHII", 16 + len(body), link.RTM_NEWROUTE, 2, 1, 0) + body
+    return struct.pack("=IHHII", 16 + len(body), RTM_NEWROUTE, 2, 1, 0) + body
 
 
-ROUTES = {
+ROUTES: dict[int, list[bytes]] = {
     socket.AF_INET: [
         _route(socket.AF_INET, 254, 3, bytes([10, 0, 0, 1]), 0),
         _route(socket.AF_INET, 254, 3, None, 100),
@@ -48,7 +48,7 @@ ROUTES = {
 
 
 # A link without attributes: what a GETLINK gets back (a PF reporting no VF).
-LINK = struct.pack("=IHHII", 32, link.RTM_NEWLINK, 0, 1, 0) + struct.pack("=BxHiII", 0, 1, 7, 0, 0)
+LINK = struct.pack("=IHHII", 32, RTM_NEWLINK, 0, 1, 0) + struct.pack("=BxHiII", 0, 1, 7, 0, 0)
 
 
 class Recorder(Rtnl):
@@ -59,11 +59,11 @@ class Recorder(Rtnl):
 
     def request(self, msg_type: int, body: bytes, flags: int = 0) -> list[bytes]:
         self.sent.append([msg_type, body.hex(), flags])
-        return [LINK] if msg_type == link.RTM_GETLINK else []
+        return [LINK] if msg_type == RTM_GETLINK else []
 
     def dump(self, msg_type: int, body: bytes) -> list[bytes]:
         self.sent.append([msg_type, body.hex(), -1])
-        return ROUTES.get(body[0], []) if msg_type == link.RTM_GETROUTE else []
+        return ROUTES.get(body[0], []) if msg_type == RTM_GETROUTE else []
 
 
 CASES: dict[str, Callable[[Recorder], object]] = {
