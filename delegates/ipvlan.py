@@ -16,9 +16,16 @@ from cni import skel
 from cni.env import CmdArgs
 from cni.result import Result
 from delegates.link import fail
+from delegates.rtnl import IPVLAN_MODES
 from delegates.sublink import LinkConf, SubLinkPlugin, common_fields, decode_conf, parse_prev_result
 
-MODES = {"l2": 0, "l3": 1, "l3s": 2}  # IPVLAN_MODE_* (IFLA_IPVLAN_MODE)
+# IPVLAN_MODE_* (IFLA_IPVLAN_MODE) as pyroute2 numbers them; it lacks L3S, which follows L3
+# in if_link.h's enum
+MODES = {
+    "l2": IPVLAN_MODES["IPVLAN_MODE_L2"],
+    "l3": IPVLAN_MODES["IPVLAN_MODE_L3"],
+    "l3s": IPVLAN_MODES["IPVLAN_MODE_L3"] + 1,
+}
 DEFAULT_MODE = "l2"
 
 

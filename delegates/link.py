@@ -3,9 +3,10 @@
 Each helper takes an open `Rtnl` (delegates.rtnl) bound to the namespace it should act
 in: open it with `netlink()` on a thread that is already in that namespace, e.g. inside
 `delegates.netns.run_in_netns`. The messages carry the flags and attributes iproute2
-and vishvananda/netlink send, built here with struct. Kernel errors surface as OSError; the
-helpers that wrap them raise CNIError(PLUGIN_ERROR), the code the reference plugins
-report for their own failures.
+and vishvananda/netlink send, encoded by pyroute2's message classes; replies are read
+with the attribute numbers and layouts of the same classes (delegates.rtnl). Kernel
+errors surface as OSError; the helpers that wrap them raise CNIError(PLUGIN_ERROR), the
+code the reference plugins report for their own failures.
 """
 
 from __future__ import annotations
@@ -14,62 +15,77 @@ import errno
 import os
 import secrets
 import socket
-import struct
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from ipaddress import IPv4Interface, ip_address, ip_interface, ip_network
+from typing import Any
 
 from cni.errors import CNIError
 from cni.result import IPAddress, IPInterface, IPNetwork
 from delegates.netns import open_netns
 from delegates.rtnl import (
+    HEADER,
+    IFA_F_DADFAILED,
+    IFA_F_TENTATIVE,
+    IFF_LOWER_UP,
     NLM_F_APPEND,
     NLM_F_CREATE,
     NLM_F_EXCL,
     NLM_F_REPLACE,
+    RTM_DELLINK,
+    RTM_DELLINKPROP,
+    RTM_DELROUTE,
+    RTM_GETADDR,
+    RTM_GETLINK,
+    RTM_GETROUTE,
+    RTM_NEWADDR,
+    AddrMsg,
+    LinkMsg,
+    NextHop,
+    RouteMsg,
     Rtnl,
-    attr,
-    attr_str,
-    attr_u16,
-    attr_u32,
+    attr_class,
+    encode,
+    fields_of,
     get_str,
     get_u32,
+    header_of,
+    nested,
+    numbers,
     parse_attrs,
+    rtprotos,
+    rtypes,
 )
+
+# Re-exported: callers read link flags and match message types with them.
+from delegates.rtnl import IFF_UP as IFF_UP
+from delegates.rtnl import RTM_NEWLINK as RTM_NEWLINK
+from delegates.rtnl import RTM_NEWROUTE as RTM_NEWROUTE
 
 PLUGIN_ERROR = 999
 """libcni's ErrInternal: the reference plugins wrap every error of their own in it."""
 
-IFF_UP = 0x1
-IFF_LOWER_UP = 0x10000
-IFA_F_DADFAILED = 0x08
-IFA_F_TENTATIVE = 0x40
-RT_TABLE_MAIN = 254
-RTPROT_BOOT = 3  # what vishvananda/netlink (and so the reference plugins) stamps on routes
-RTN_UNICAST = 1
+RT_TABLE_MAIN = 254  # linux/rtnetlink.h; pyroute2 names routing tables only from rt_tables
+RTPROT_BOOT = rtprotos["RTPROT_BOOT"]  # what vishvananda/netlink (so the reference) stamps
+RTN_UNICAST = rtypes["RTN_UNICAST"]
 
-# rtnetlink message types, headers and attributes (linux/rtnetlink.h, if_link.h, if_addr.h)
-RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_DELLINKPROP = 16, 17, 18, 109
-RTM_NEWADDR, RTM_GETADDR = 20, 22
-RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
-IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
-IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefixlen, flags, scope, index
-RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg: family, dst_len, src_len, tos, table, proto,
-#                                      scope, type, flags
-NEXTHOP = struct.Struct("=HBBi")  # rtnexthop: len, flags, hops, ifindex
-IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINK, IFLA_LINKINFO, IFLA_NET_NS_FD = 1, 3, 4, 5, 18, 28
-IFLA_PROP_LIST, IFLA_ALT_IFNAME = 52, 53
-NLA_F_NESTED = 0x8000
-IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
-IFLA_MACVLAN_MODE = IFLA_IPVLAN_MODE = 1  # u32 for macvlan, u16 for ipvlan
-IFLA_MACVLAN_BC_QUEUE_LEN = 7  # u32, Linux 5.11+
-IFA_ADDRESS, IFA_LOCAL, IFA_BROADCAST, IFA_FLAGS = 1, 2, 4, 8
-RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_METRICS, RTA_MULTIPATH, RTA_TABLE = (
-    1, 4, 5, 6, 8, 9, 15,
-)  # fmt: skip
-RTAX_MTU, RTAX_ADVMSS = 2, 8
+# Where the replies' fixed headers and attributes are, as pyroute2's classes define them.
+IFINFO = header_of(LinkMsg)  # ifinfomsg: family, type, index, flags, change
+IFADDR = header_of(AddrMsg)  # ifaddrmsg: family, prefixlen, flags, scope, index
+RTMSG = header_of(RouteMsg)  # rtmsg: family, dst_len, src_len, tos, table, proto, scope,
+#                              type, flags
+NEXTHOP = header_of(NextHop)  # rtnexthop: len, flags, hops, ifindex
+IFLA = numbers(LinkMsg)
+IFLA_INFO = numbers(LinkMsg.ifinfo)
+IFA = numbers(AddrMsg)
+RTA = numbers(RouteMsg)
+# kind -> (its IFLA_INFO_DATA class, the attribute holding its mode)
+_MODE_ATTRS = {
+    "macvlan": (LinkMsg.ifinfo.data_map["macvlan"], "IFLA_MACVLAN_MODE"),
+    "ipvlan": (LinkMsg.ifinfo.data_map["ipvlan"], "IFLA_IPVLAN_MODE"),
+}
 
 
 def fail(msg: str, details: str = "") -> CNIError:
@@ -128,37 +144,39 @@ class Link:
         return bool(self.flags & IFF_LOWER_UP)
 
 
-def ifinfo(index: int = 0, flags: int = 0, change: int = 0) -> bytes:
-    """An ifinfomsg header for link `index`."""
-    return IFINFO.pack(socket.AF_UNSPEC, 0, index, flags, change)
-
-
 def parse_link(msg: bytes) -> Link:
     """An RTM_NEWLINK message (netlink header included) as a Link."""
-    _, _, index, flags, _ = IFINFO.unpack_from(msg, 16)
-    attrs = parse_attrs(msg, 16 + IFINFO.size)
-    info = parse_attrs(attrs.get(IFLA_LINKINFO, b""))
-    kind = get_str(info, IFLA_INFO_KIND)
+    _, _, index, flags, _ = IFINFO.unpack_from(msg, HEADER.size)
+    attrs = parse_attrs(msg, HEADER.size + IFINFO.size)
+    info = parse_attrs(attrs.get(IFLA["IFLA_LINKINFO"], b""))
+    kind = get_str(info, IFLA_INFO["IFLA_INFO_KIND"])
     mode = None
-    if kind in ("macvlan", "ipvlan"):
-        data = parse_attrs(info.get(IFLA_INFO_DATA, b"")).get(IFLA_MACVLAN_MODE, b"")
-        fmt = "=I" if kind == "macvlan" else "=H"
-        if len(data) >= struct.calcsize(fmt):
-            mode = int(struct.unpack_from(fmt, data)[0])
+    if kind in _MODE_ATTRS:
+        data_class, name = _MODE_ATTRS[kind]
+        data = parse_attrs(info.get(IFLA_INFO["IFLA_INFO_DATA"], b""))
+        value = data.get(numbers(data_class)[name], b"")
+        mode = fields_of(attr_class(data_class, name), value).get("value")
     return Link(
         index=index,
-        name=get_str(attrs, IFLA_IFNAME),
+        name=get_str(attrs, IFLA["IFLA_IFNAME"]),
         kind=kind,
-        mtu=get_u32(attrs, IFLA_MTU) or 0,
-        mac=":".join(f"{b:02x}" for b in attrs.get(IFLA_ADDRESS, b"")),
+        mtu=get_u32(attrs, IFLA["IFLA_MTU"]) or 0,
+        mac=":".join(f"{b:02x}" for b in attrs.get(IFLA["IFLA_ADDRESS"], b"")),
         flags=flags,
         mode=mode,
     )
 
 
+def link_body(
+    index: int = 0, attrs: list[Any] | None = None, flags: int = 0, change: int = 0
+) -> bytes:
+    """An AF_UNSPEC ifinfomsg for link `index` (0: the link the attributes name)."""
+    return encode(LinkMsg, attrs, index=index, flags=flags, change=change)
+
+
 def find_link(nl: Rtnl, name: str = "", index: int = 0) -> Link | None:
     """The link called `name` (or with `index`), or None if there is none."""
-    body = ifinfo(index) if index else ifinfo() + attr_str(IFLA_IFNAME, name)
+    body = link_body(index) if index else link_body(attrs=[("IFLA_IFNAME", name)])
     try:
         msgs = nl.request(RTM_GETLINK, body)
     except OSError as exc:
@@ -171,7 +189,7 @@ def find_link(nl: Rtnl, name: str = "", index: int = 0) -> Link | None:
 
 def links(nl: Rtnl) -> list[Link]:
     """Every link in the namespace."""
-    return [parse_link(msg) for msg in nl.dump(RTM_GETLINK, ifinfo())]
+    return [parse_link(msg) for msg in nl.dump(RTM_GETLINK, link_body())]
 
 
 def default_route_link(nl: Rtnl) -> str:
@@ -201,22 +219,20 @@ def create_child(
     namespace behind descriptor `netns`. `mtu`, `mac` and a macvlan's `bcqueuelen` (broadcast
     queue length) are sent only when set, so 0/"" leave the kernel's defaults, as
     vishvananda/netlink does. Raises the kernel error unchanged (OSError)."""
-    body = ifinfo() + attr_str(IFLA_IFNAME, name) + attr_u32(IFLA_LINK, parent)
+    attrs: list[Any] = [("IFLA_IFNAME", name), ("IFLA_LINK", parent)]
     if netns is not None:
-        body += attr_u32(IFLA_NET_NS_FD, netns)
+        attrs.append(("IFLA_NET_NS_FD", netns))
     if mtu:
-        body += attr_u32(IFLA_MTU, mtu)
+        attrs.append(("IFLA_MTU", mtu))
     if mac:
-        body += attr(IFLA_ADDRESS, bytes.fromhex(mac.replace(":", "")))
-    if kind == "macvlan":
-        data = attr_u32(IFLA_MACVLAN_MODE, mode)
-        if bcqueuelen:
-            data += attr_u32(IFLA_MACVLAN_BC_QUEUE_LEN, bcqueuelen)
-    else:
-        data = attr_u16(IFLA_IPVLAN_MODE, mode)
-    data = attr(IFLA_INFO_DATA, data)
-    body += attr(IFLA_LINKINFO, attr_str(IFLA_INFO_KIND, kind) + data)
-    nl.request(RTM_NEWLINK, body, NLM_F_CREATE | NLM_F_EXCL)
+        attrs.append(("IFLA_ADDRESS", mac))
+    data = [(_MODE_ATTRS[kind][1], mode)]
+    if kind == "macvlan" and bcqueuelen:
+        data.append(("IFLA_MACVLAN_BC_QUEUE_LEN", bcqueuelen))
+    # iproute2 and vishvananda/netlink send IFLA_INFO_DATA without NLA_F_NESTED
+    info = nested(("IFLA_INFO_KIND", kind), ("IFLA_INFO_DATA", nested(*data)))
+    attrs.append(("IFLA_LINKINFO", info))
+    nl.request(RTM_NEWLINK, link_body(attrs=attrs), NLM_F_CREATE | NLM_F_EXCL)
 
 
 def set_link(
@@ -231,20 +247,21 @@ def set_link(
     """Change link `index` in one message: rename, MAC, move to the namespace `netns_fd`,
     then set it up or down (`None` leaves its state). The kernel renames before it
     changes flags, so rename and up go together; a rename needs the link down already."""
-    body = ifinfo(index, IFF_UP if up else 0, 0 if up is None else IFF_UP)
+    attrs: list[Any] = []
     if name:
-        body += attr_str(IFLA_IFNAME, name)
+        attrs.append(("IFLA_IFNAME", name))
     if mac:
-        body += attr(IFLA_ADDRESS, bytes.fromhex(mac.replace(":", "")))
+        attrs.append(("IFLA_ADDRESS", mac))
     if netns_fd is not None:
-        body += attr_u32(IFLA_NET_NS_FD, netns_fd)
+        attrs.append(("IFLA_NET_NS_FD", netns_fd))
+    body = link_body(index, attrs, IFF_UP if up else 0, 0 if up is None else IFF_UP)
     nl.request(RTM_NEWLINK, body)
 
 
 def delete_altname(nl: Rtnl, index: int, name: str) -> None:
     """Drop the alternative name `name` of link `index`."""
-    props = attr(IFLA_PROP_LIST | NLA_F_NESTED, attr_str(IFLA_ALT_IFNAME, name))
-    nl.request(RTM_DELLINKPROP, ifinfo(index) + props)
+    props = ("IFLA_PROP_LIST", nested(("IFLA_ALT_IFNAME", name)))
+    nl.request(RTM_DELLINKPROP, link_body(index, [props]))
 
 
 def delete_link(nl: Rtnl, name: str = "", index: int = 0) -> bool:
@@ -255,7 +272,7 @@ def delete_link(nl: Rtnl, name: str = "", index: int = 0) -> bool:
             return False
         index = link.index
     try:
-        nl.request(RTM_DELLINK, ifinfo(index))
+        nl.request(RTM_DELLINK, link_body(index))
     except OSError as exc:
         if exc.errno == errno.ENODEV:
             return False
@@ -263,15 +280,20 @@ def delete_link(nl: Rtnl, name: str = "", index: int = 0) -> bool:
     return True
 
 
+def _family(version: int) -> int:
+    return socket.AF_INET if version == 4 else socket.AF_INET6
+
+
 def add_address(nl: Rtnl, index: int, address: IPInterface) -> None:
     """Add an address; IPv4 gets a broadcast address below /31, as vishvananda/netlink."""
-    ip = address.ip.packed
-    family = socket.AF_INET if address.version == 4 else socket.AF_INET6
-    body = IFADDR.pack(family, address.network.prefixlen, 0, 0, index) + attr(IFA_ADDRESS, ip)
+    ip = str(address.ip)
+    attrs: list[Any] = [("IFA_ADDRESS", ip)]
     if isinstance(address, IPv4Interface):
         if address.network.prefixlen < 31:
-            body += attr(IFA_BROADCAST, address.network.broadcast_address.packed)
-        body += attr(IFA_LOCAL, ip)
+            attrs.append(("IFA_BROADCAST", str(address.network.broadcast_address)))
+        attrs.append(("IFA_LOCAL", ip))
+    family, prefixlen = _family(address.version), address.network.prefixlen
+    body = encode(AddrMsg, attrs, family=family, prefixlen=prefixlen, index=index)
     nl.request(RTM_NEWADDR, body, NLM_F_CREATE | NLM_F_EXCL)
 
 
@@ -280,15 +302,16 @@ def addresses(
 ) -> list[tuple[IPInterface, int]]:
     """(address, IFA flags) of every address on link `index`."""
     found = []
-    for msg in nl.dump(RTM_GETADDR, IFADDR.pack(family, 0, 0, 0, 0)):
-        fam, prefixlen, flags, _, ifindex = IFADDR.unpack_from(msg, 16)
+    for msg in nl.dump(RTM_GETADDR, encode(AddrMsg, family=family)):
+        fam, prefixlen, flags, _, ifindex = IFADDR.unpack_from(msg, HEADER.size)
         if ifindex != index:
             continue
-        attrs = parse_attrs(msg, 16 + IFADDR.size)
-        raw = attrs.get(IFA_ADDRESS) or attrs.get(IFA_LOCAL)
+        attrs = parse_attrs(msg, HEADER.size + IFADDR.size)
+        raw = attrs.get(IFA["IFA_ADDRESS"]) or attrs.get(IFA["IFA_LOCAL"])
         if raw:
             text = socket.inet_ntop(fam, raw)
-            found.append((ip_interface(f"{text}/{prefixlen}"), get_u32(attrs, IFA_FLAGS) or flags))
+            flags = get_u32(attrs, IFA["IFA_FLAGS"]) or flags
+            found.append((ip_interface(f"{text}/{prefixlen}"), flags))
     return found
 
 
@@ -307,22 +330,26 @@ def add_route(
 ) -> None:
     """Add a route through link `index` like netlink.RouteAddEcmp (no NLM_F_EXCL), or
     replace the one with the same destination and metric (`replace`)."""
-    family = socket.AF_INET if dst.version == 4 else socket.AF_INET6
     table = table if table is not None else RT_TABLE_MAIN
-    header_table = table if table < 256 else RT_TABLE_MAIN  # RTA_TABLE carries the real one
-    body = RTMSG.pack(
-        family, dst.prefixlen, 0, 0, header_table, RTPROT_BOOT, scope or 0, RTN_UNICAST, 0
-    )
-    if dst.prefixlen:
-        body += attr(RTA_DST, dst.network_address.packed)
-    body += attr_u32(RTA_OIF, index) + attr_u32(RTA_TABLE, table)
+    attrs: list[Any] = [("RTA_DST", str(dst.network_address))] if dst.prefixlen else []
+    attrs += [("RTA_OIF", index), ("RTA_TABLE", table)]
     if gw is not None:
-        body += attr(RTA_GATEWAY, gw.packed)
+        attrs.append(("RTA_GATEWAY", str(gw)))
     if priority:
-        body += attr_u32(RTA_PRIORITY, priority)
-    metrics = b"".join(attr_u32(k, v) for k, v in ((RTAX_MTU, mtu), (RTAX_ADVMSS, advmss)) if v)
+        attrs.append(("RTA_PRIORITY", priority))
+    metrics = [(k, v) for k, v in (("RTAX_MTU", mtu), ("RTAX_ADVMSS", advmss)) if v]
     if metrics:
-        body += attr(RTA_METRICS, metrics)
+        attrs.append(("RTA_METRICS", nested(*metrics)))
+    body = encode(
+        RouteMsg,
+        attrs,
+        family=_family(dst.version),
+        dst_len=dst.prefixlen,
+        table=table if table < 256 else RT_TABLE_MAIN,  # RTA_TABLE carries the real one
+        proto=RTPROT_BOOT,
+        scope=scope or 0,
+        type=RTN_UNICAST,
+    )
     nl.request(RTM_NEWROUTE, body, NLM_F_CREATE | (NLM_F_REPLACE if replace else NLM_F_APPEND))
 
 
@@ -341,47 +368,52 @@ class _RouteMsg:
     gw: IPAddress | None
     oif: int
     hops: list[tuple[IPAddress | None, int]]  # (gateway, oif) of a multipath route
+    header: tuple[int, ...]  # RTMSG's fields
+    attrs: dict[int, bytes]
 
 
 def _route_msgs(nl: Rtnl, family: int, table: int) -> list[_RouteMsg]:
     found = []
-    for msg in nl.dump(RTM_GETROUTE, RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
-        fam, dst_len, _, _, header_table, _, _, _, _ = RTMSG.unpack_from(msg, 16)
-        attrs = parse_attrs(msg, 16 + RTMSG.size)
-        if (get_u32(attrs, RTA_TABLE) or header_table) != table:
+    for msg in nl.dump(RTM_GETROUTE, encode(RouteMsg, family=family)):
+        header = RTMSG.unpack_from(msg, HEADER.size)
+        fam, dst_len, header_table = header[0], header[1], header[4]
+        attrs = parse_attrs(msg, HEADER.size + RTMSG.size)
+        if (get_u32(attrs, RTA["RTA_TABLE"]) or header_table) != table:
             continue
-        raw_dst = attrs.get(RTA_DST) or bytes(4 if fam == socket.AF_INET else 16)
+        raw_dst = attrs.get(RTA["RTA_DST"]) or bytes(4 if fam == socket.AF_INET else 16)
         dst = ip_network(f"{socket.inet_ntop(fam, raw_dst)}/{dst_len}", strict=False)
         hops = []
-        multipath = attrs.get(RTA_MULTIPATH, b"")
+        multipath = attrs.get(RTA["RTA_MULTIPATH"], b"")
         offset = 0
         while offset + NEXTHOP.size <= len(multipath):
             size, _, _, oif = NEXTHOP.unpack_from(multipath, offset)
             if size < NEXTHOP.size:
                 break
             hop = parse_attrs(multipath[offset + NEXTHOP.size : offset + size])
-            hops.append((_ip(fam, hop.get(RTA_GATEWAY)), oif))
+            hops.append((_ip(fam, hop.get(RTA["RTA_GATEWAY"])), oif))
             offset += (size + 3) & ~3
-        gw = _ip(fam, attrs.get(RTA_GATEWAY))
-        found.append(_RouteMsg(dst, gw, get_u32(attrs, RTA_OIF) or 0, hops))
+        gw = _ip(fam, attrs.get(RTA["RTA_GATEWAY"]))
+        oif = get_u32(attrs, RTA["RTA_OIF"]) or 0
+        found.append(_RouteMsg(dst, gw, oif, hops, header, attrs))
     return found
 
 
 def delete_default_routes(nl: Rtnl, family: int, oif: int) -> int:
     """Delete the main table's default routes of `family` through link `oif`; how many."""
     deleted = 0
-    for msg in nl.dump(RTM_GETROUTE, RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
-        header = RTMSG.unpack_from(msg, 16)
-        attrs = parse_attrs(msg, 16 + RTMSG.size)
-        table = get_u32(attrs, RTA_TABLE) or header[4]
-        if header[1] != 0 or table != RT_TABLE_MAIN or get_u32(attrs, RTA_OIF) != oif:
+    for route in _route_msgs(nl, family, RT_TABLE_MAIN):
+        if route.dst.prefixlen != 0 or route.oif != oif:
             continue
-        key = b"".join(
-            attr(kind, attrs[kind])
-            for kind in (RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_TABLE)
-            if kind in attrs
-        )
-        nl.request(RTM_DELROUTE, msg[16 : 16 + RTMSG.size] + key)
+        # The route's own header and its key attributes, as the dump gave them.
+        header = dict(zip((name for name, _ in RouteMsg.fields), route.header, strict=True))
+        key: list[Any] = [("RTA_OIF", route.oif)]
+        if route.gw is not None:
+            key.append(("RTA_GATEWAY", str(route.gw)))
+        for name in ("RTA_PRIORITY", "RTA_TABLE"):
+            value = get_u32(route.attrs, RTA[name])
+            if value is not None:
+                key.append((name, value))
+        nl.request(RTM_DELROUTE, encode(RouteMsg, key, **header))
         deleted += 1
     return deleted
 

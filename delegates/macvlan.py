@@ -18,6 +18,7 @@ import sys
 from cni import skel
 from cni.env import CmdArgs
 from delegates.link import default_route_link, fail
+from delegates.rtnl import MACVLAN_MODE_NAMES
 from delegates.sublink import (
     LinkConf,
     SubLinkPlugin,
@@ -28,7 +29,8 @@ from delegates.sublink import (
 )
 
 UINT32_MAX = 0xFFFFFFFF
-MODES = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8, "source": 16}  # MACVLAN_MODE_*
+# MACVLAN_MODE_* by the names pyroute2 gives them (its 0, "none", is no mode)
+MODES = {name: number for number, name in MACVLAN_MODE_NAMES.items() if number}
 DEFAULT_MODE = "bridge"
 _MAC_FORMS = (
     re.compile(r"(?:[0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}"),

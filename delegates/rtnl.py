@@ -1,54 +1,244 @@
-"""A small rtnetlink client: framing, attributes and errors, on a plain NETLINK_ROUTE socket.
+"""rtnetlink for the delegates: pyroute2's message definitions over a socket Plexus owns.
 
-Every netlink request Plexus makes (links, addresses, routes, SR-IOV VF attributes) is a
-handful of struct calls and one send/recv here; through pyroute2, used before, each cost
-~0.3-0.5 ms (an asyncio loop per socket, generic marshalling). delegates.link and
-delegates.vf build the messages.
+pyroute2 defines every message: its ifinfmsg, ifaddrmsg and rtmsg classes (SR-IOV VF
+attributes included) encode every request, and the replies are read with the attribute
+numbers and header layouts of the same classes. The socket, the framing, the sequence
+numbers and the wait for the kernel's ack are here, on a plain NETLINK_ROUTE socket in
+the calling thread: pyroute2's IPRoute runs an asyncio loop per socket (~1 ms to open,
+~2.5 ms more per macvlan ADD), and decoding a reply with its classes builds an object per
+attribute (~41 in a link reply), which put a macvlan ADD over its 2.5 ms budget; the
+reader below looks only at the attributes asked for (docs/performance.md).
 
 Kernel errors are raised as OSError with the errno the kernel returned.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import struct
+import sys
 from collections.abc import Iterator
+from functools import cache
+from typing import Any, ClassVar
 
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
-NLM_F_REQUEST = 0x1
-NLM_F_ACK = 0x4
-NLM_F_REPLACE = 0x100
-NLM_F_EXCL = 0x200
-NLM_F_CREATE = 0x400
-NLM_F_APPEND = 0x800
-NLM_F_DUMP = 0x300
-NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
 
-HEADER = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
-ATTR = struct.Struct("=HH")  # nlattr: len, type
+def _skip_package_init() -> None:
+    """Let `pyroute2.netlink...` import without running pyroute2/__init__.py.
+
+    That file only re-exports pyroute2's whole API (IPRoute, NDB, ...): importing it
+    costs +24 MiB RSS and ~4x the import time of the message modules this file uses
+    (docs/performance.md). An empty package module in its place is enough for them.
+    """
+    if "pyroute2" not in sys.modules:
+        spec = importlib.util.find_spec("pyroute2")
+        if spec is not None:
+            sys.modules["pyroute2"] = importlib.util.module_from_spec(spec)
+
+
+_skip_package_init()
+# Every other module takes pyroute2's names from here, so this runs first.
+from pyroute2.netlink import (  # noqa: E402
+    NLM_F_ACK,
+    NLM_F_APPEND,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_EXCL,
+    NLM_F_REPLACE,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    nla_header,
+    nlmsg,
+)
+from pyroute2.netlink.rtnl import (  # noqa: E402
+    RTM_DELLINK,
+    RTM_DELLINKPROP,
+    RTM_DELROUTE,
+    RTM_GETADDR,
+    RTM_GETLINK,
+    RTM_GETROUTE,
+    RTM_NEWADDR,
+    RTM_NEWLINK,
+    RTM_NEWROUTE,
+    rtprotos,
+    rtypes,
+)
+from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_DADFAILED, IFA_F_TENTATIVE, ifaddrmsg  # noqa: E402
+from pyroute2.netlink.rtnl.ifinfmsg import IFF_LOWER_UP, IFF_UP, ifinfmsg  # noqa: E402
+from pyroute2.netlink.rtnl.rtmsg import nh, rtmsg  # noqa: E402
+from pyroute2.protocols import ETH_P_8021AD, ETH_P_8021Q  # noqa: E402
+
+__all__ = [
+    "ETH_P_8021AD",
+    "ETH_P_8021Q",
+    "IFA_F_DADFAILED",
+    "IFA_F_TENTATIVE",
+    "IFF_LOWER_UP",
+    "IFF_UP",
+    "IPVLAN_MODES",
+    "MACVLAN_MODE_NAMES",
+    "NLM_F_APPEND",
+    "NLM_F_CREATE",
+    "NLM_F_EXCL",
+    "NLM_F_REPLACE",
+    "RTM_DELLINK",
+    "RTM_DELLINKPROP",
+    "RTM_DELROUTE",
+    "RTM_GETADDR",
+    "RTM_GETLINK",
+    "RTM_GETROUTE",
+    "RTM_NEWADDR",
+    "RTM_NEWLINK",
+    "RTM_NEWROUTE",
+    "AddrMsg",
+    "LinkMsg",
+    "NextHop",
+    "RouteMsg",
+    "Rtnl",
+    "attr_class",
+    "encode",
+    "fields_of",
+    "get_str",
+    "get_u32",
+    "header_of",
+    "iter_attrs",
+    "nested",
+    "numbers",
+    "parse_attrs",
+    "rtprotos",
+    "rtypes",
+]
+
+HEADER = struct.Struct("=" + "".join(fmt for _, fmt in nlmsg.header))  # len, type, flags, seq, pid
+ATTR = struct.Struct("=" + "".join(fmt for _, fmt in nla_header.header))  # len, type
 ERROR = struct.Struct("=i")
+NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
 _RECV_SIZE = 65536  # the kernel fills at most 32 KiB per dump part
 
 
-def attr(kind: int, payload: bytes) -> bytes:
-    """One netlink attribute, padded to 4 bytes."""
-    size = ATTR.size + len(payload)
-    return ATTR.pack(size, kind) + payload + b"\0" * (-size % 4)
+# -- the message definitions: pyroute2's, two 0.9 attribute tables fixed ---------------
 
 
-def attr_u16(kind: int, value: int) -> bytes:
-    return attr(kind, struct.pack("=H", value))
+class LinkMsg(ifinfmsg):
+    """pyroute2's ifinfmsg with two fixes to its 0.9 attribute tables (below)."""
+
+    # pyroute2 caches a compiled attribute table per class, and a subclass would inherit
+    # its parent's: each class below asks for its own.
+    _nlmsg_base__compiled_nla = False
+
+    class vflist(ifinfmsg.vflist):
+        _nlmsg_base__compiled_nla = False
+
+        class vfinfo(ifinfmsg.vflist.vfinfo):
+            _nlmsg_base__compiled_nla = False
+
+            class vf_vlist(ifinfmsg.vflist.vfinfo.vf_vlist):
+                _nlmsg_base__compiled_nla = False
+
+                class ivvi(ifinfmsg.vflist.vfinfo.vf_vlist.ivvi):
+                    # struct ifla_vf_vlan_info ends with 2 bytes of padding after the
+                    # be16 proto; pyroute2 leaves them out and the kernel refuses the
+                    # 14-byte attribute (EINVAL) in IFLA_VF_VLAN_LIST.
+                    fields = (*ifinfmsg.vflist.vfinfo.vf_vlist.ivvi.fields, ("__pad", "2x"))
+
+    class ifinfo(ifinfmsg.ifinfo):
+        _nlmsg_base__compiled_nla = False
+
+        class macvlan_data(ifinfmsg.ifinfo.macvlan_data):
+            # if_link.h's next IFLA_MACVLAN_* entry (Linux 5.11+), which pyroute2 0.9
+            # lacks; the table is positional, so appending gives it the kernel's number.
+            _nlmsg_base__compiled_nla = False
+            nla_map = (
+                *ifinfmsg.ifinfo.macvlan_data.nla_map,
+                ("IFLA_MACVLAN_BC_QUEUE_LEN", "uint32"),
+            )
+
+        data_map: ClassVar[dict[str, Any]] = {**ifinfmsg.ifinfo.data_map, "macvlan": macvlan_data}
 
 
-def attr_u32(kind: int, value: int) -> bytes:
-    return attr(kind, struct.pack("=I", value))
+MACVLAN_MODE_NAMES: dict[int, str] = LinkMsg.ifinfo.macvlan_data.mode.value_map
+IPVLAN_MODES: dict[str, int] = {
+    name: number
+    for name, number in LinkMsg.ifinfo.data_map["ipvlan"].modes.items()
+    if isinstance(name, str)
+}
+AddrMsg = ifaddrmsg
+RouteMsg = rtmsg
+NextHop = nh
 
 
-def attr_str(kind: int, value: str) -> bytes:
-    """A NUL-terminated string attribute (interface names, link kinds)."""
-    return attr(kind, value.encode() + b"\0")
+# -- requests: encoded by pyroute2 ----------------------------------------------------
+
+
+def encode(cls: Any, attrs: list[Any] | None = None, **fields: int) -> bytes:
+    """The body (after the netlink header) of a `cls` message with header `fields` (the
+    others 0) and `attrs`, [(name, value)] as pyroute2 takes them, encoded by pyroute2."""
+    msg = cls()
+    msg.header = None  # the netlink header is Rtnl's: sequence numbers are per socket
+    for name, _ in cls.fields:
+        msg[name] = fields.get(name, 0)
+    msg["attrs"] = attrs or []
+    msg.encode()
+    return bytes(msg.data)
+
+
+def nested(*attrs: tuple[str, Any]) -> dict[str, Any]:
+    """The value pyroute2 encodes as a nested attribute holding `attrs`."""
+    return {"attrs": list(attrs)}
+
+
+# -- replies: read with pyroute2's numbers and layouts, only what is asked for ---------
+
+
+@cache
+def _table(cls: Any) -> tuple[dict[str, int], dict[str, str]]:
+    numbers, types = {}, {}
+    for position, item in enumerate(cls.nla_map):
+        number, name, kind = item[:3] if isinstance(item[0], int) else (position, *item[:2])
+        numbers[name], types[name] = number, kind.lstrip("*")
+    return numbers, types
+
+
+def numbers(cls: Any) -> dict[str, int]:
+    """Attribute name -> number in a pyroute2 class's table (positional or keyed)."""
+    return _table(cls)[0]
+
+
+def attr_class(cls: Any, name: str) -> Any:
+    """The pyroute2 class that holds attribute `name` of `cls` (its payload's layout)."""
+    return getattr(cls, _table(cls)[1][name])
+
+
+@cache
+def header_of(cls: Any) -> struct.Struct:
+    """The fixed part of a pyroute2 class (its cell header, then its `fields`) as a struct."""
+    fields = (*(cls.cell_header or ()), *cls.fields)
+    return struct.Struct("=" + "".join(fmt for _, fmt in fields))
+
+
+@cache
+def _layout(cls: Any) -> tuple[tuple[str, struct.Struct, int], ...]:
+    layout, offset = [], 0
+    for name, fmt in cls.fields:
+        one = struct.Struct(fmt if fmt[0] in "<>=!@" else "=" + fmt)
+        if not fmt.endswith("x"):
+            layout.append((name, one, offset))
+        offset += one.size
+    return tuple(layout)
+
+
+def fields_of(cls: Any, payload: bytes) -> dict[str, Any]:
+    """The fields of a struct attribute (pyroute2 class `cls`, e.g. an ifla_vf_*) by name;
+    a repeated format ("32B") reads as a tuple. A payload too short for a field stops."""
+    found: dict[str, Any] = {}
+    for name, one, offset in _layout(cls):
+        if offset + one.size > len(payload):
+            break
+        value = one.unpack_from(payload, offset)
+        found[name] = value[0] if len(value) == 1 else value
+    return found
 
 
 def iter_attrs(data: bytes, offset: int = 0) -> Iterator[tuple[int, bytes]]:
@@ -74,6 +264,9 @@ def get_u32(attrs: dict[int, bytes], kind: int) -> int | None:
 
 def get_str(attrs: dict[int, bytes], kind: int) -> str:
     return attrs.get(kind, b"").split(b"\0", 1)[0].decode(errors="replace")
+
+
+# -- the socket -----------------------------------------------------------------------
 
 
 class Rtnl:

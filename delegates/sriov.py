@@ -35,10 +35,9 @@ from delegates import ipconfig
 from delegates.link import describe, fail, find_link, netlink, netns_fd, set_link, temp_name
 from delegates.macvlan import parse_mac
 from delegates.netns import NetnsGone, run_in_netns
+from delegates.rtnl import ETH_P_8021AD, ETH_P_8021Q, IFF_UP
 from delegates.sublink import decode_conf, parse_prev_result
 from delegates.vf import (
-    ETH_P_8021AD,
-    ETH_P_8021Q,
     Vf,
     VfLock,
     apply_settings,
@@ -60,7 +59,6 @@ if TYPE_CHECKING:  # the standalone plugins start without importing it
 log = logging.getLogger("plexus.delegates")
 
 DATA_DIR = "/var/lib/cni/plexus-sriov"
-IFF_UP = 0x1
 HOME_WAIT = 10.0  # how long DEL waits for a VF the kernel is returning from a dead netns
 _PCI = re.compile(r"(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 _ON_OFF = {"on": 1, "off": 0}

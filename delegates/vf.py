@@ -15,7 +15,6 @@ import fcntl
 import json
 import logging
 import os
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,40 +22,49 @@ from typing import Any
 
 from delegates.link import (
     IFINFO,
-    RTM_GETLINK,
-    RTM_NEWLINK,
     delete_altname,
     describe,
     errno_of,
     fail,
     find_link,
-    ifinfo,
+    link_body,
     set_link,
 )
-from delegates.rtnl import Rtnl, attr, attr_u32, iter_attrs, parse_attrs
+
+# Re-exported: the VLAN protocols callers name in VF settings.
+from delegates.rtnl import ETH_P_8021AD as ETH_P_8021AD
+from delegates.rtnl import ETH_P_8021Q as ETH_P_8021Q
+from delegates.rtnl import (
+    HEADER,
+    RTM_GETLINK,
+    RTM_NEWLINK,
+    LinkMsg,
+    Rtnl,
+    attr_class,
+    fields_of,
+    iter_attrs,
+    nested,
+    numbers,
+    parse_attrs,
+)
 
 log = logging.getLogger("plexus.delegates")
 
 DPDK_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio"})
-ETH_P_8021Q = 0x8100
-ETH_P_8021AD = 0x88A8
 SETTINGS = ("mac", "vlan", "spoofchk", "trust", "link_state", "rate")
 
-# linux/if_link.h: the PF-side view and control of its VFs (attribute numbers and the
-# ifla_vf_* payloads: u32 vf first, then the value)
-IFLA_VFINFO_LIST, IFLA_EXT_MASK = 22, 29
-RTEXT_FILTER_VF, RTEXT_FILTER_SKIP_STATS = 1, 8
-IFLA_VF_INFO = IFLA_VF_VLAN_INFO = 1
-IFLA_VF_MAC, IFLA_VF_VLAN, IFLA_VF_SPOOFCHK, IFLA_VF_LINK_STATE = 1, 2, 4, 5
-IFLA_VF_RATE, IFLA_VF_TRUST, IFLA_VF_VLAN_LIST = 6, 9, 12
-VF_MAC = struct.Struct("=I32s")  # ifla_vf_mac
-VF_VLAN = struct.Struct("=III")  # ifla_vf_vlan: vf, vlan, qos (ifla_vf_vlan_info adds a be16)
-VF_RATE = struct.Struct("=III")  # ifla_vf_rate: vf, min_tx_rate, max_tx_rate
-VF_SETTING = struct.Struct("=II")  # ifla_vf_spoofchk / _trust / _link_state
-VF_SETTING_ATTRS = {
-    "spoofchk": IFLA_VF_SPOOFCHK,
-    "trust": IFLA_VF_TRUST,
-    "link_state": IFLA_VF_LINK_STATE,
+# IFLA_EXT_MASK bits (linux/rtnetlink.h), which pyroute2 0.9 names only in comments
+RTEXT_FILTER_VF = 1 << 0
+RTEXT_FILTER_SKIP_STATS = 1 << 3
+# The PF-side view and control of its VFs, as pyroute2 defines them (linux/if_link.h).
+_VFINFO = LinkMsg.vflist.vfinfo
+_VLANS = _VFINFO.vf_vlist
+VF = numbers(_VFINFO)
+# setting -> (IFLA_VF_* attribute, the field of its ifla_vf_* struct after `vf`)
+_ONE_FIELD = {
+    "spoofchk": ("IFLA_VF_SPOOFCHK", "spoofchk"),
+    "trust": ("IFLA_VF_TRUST", "trust"),
+    "link_state": ("IFLA_VF_LINK_STATE", "link_state"),
 }
 
 
@@ -121,57 +129,65 @@ def find_vf(pci: str, root: str | Path = "/sys", *, require_netdev: bool = True)
 
 def read_settings(nl: Rtnl, pf_index: int, vf: int) -> dict[str, Any]:
     """The PF's view of VF `vf` (IFLA_VFINFO_LIST), as JSON-able values."""
-    mask = attr_u32(IFLA_EXT_MASK, RTEXT_FILTER_VF | RTEXT_FILTER_SKIP_STATS)
-    (msg,) = nl.request(RTM_GETLINK, ifinfo(pf_index) + mask)
-    vflist = parse_attrs(msg, 16 + IFINFO.size).get(IFLA_VFINFO_LIST, b"")
-    for kind, payload in iter_attrs(vflist):
+    mask = ("IFLA_EXT_MASK", RTEXT_FILTER_VF | RTEXT_FILTER_SKIP_STATS)
+    (msg,) = nl.request(RTM_GETLINK, link_body(pf_index, [mask]))
+    vflist = parse_attrs(msg, HEADER.size + IFINFO.size).get(numbers(LinkMsg)["IFLA_VFINFO_LIST"])
+    for kind, payload in iter_attrs(vflist or b""):
         info = dict(iter_attrs(payload))
-        if kind != IFLA_VF_INFO or IFLA_VF_MAC not in info:
+        mac = _struct(info, "IFLA_VF_MAC")
+        if kind != numbers(LinkMsg.vflist)["IFLA_VF_INFO"] or mac.get("vf") != vf:
             continue
-        index, mac = VF_MAC.unpack_from(info[IFLA_VF_MAC])
-        if index != vf:
-            continue
-        vlan, qos = VF_VLAN.unpack_from(info[IFLA_VF_VLAN])[1:] if IFLA_VF_VLAN in info else (0, 0)
+        vlan = _struct(info, "IFLA_VF_VLAN")
         proto = ETH_P_8021Q
-        for item_kind, item in iter_attrs(info.get(IFLA_VF_VLAN_LIST, b"")):
-            if item_kind == IFLA_VF_VLAN_INFO and len(item) >= VF_VLAN.size + 2:
-                proto = struct.unpack_from(">H", item, VF_VLAN.size)[0] or ETH_P_8021Q
-        rate = VF_RATE.unpack_from(info[IFLA_VF_RATE])[1:] if IFLA_VF_RATE in info else (0, 0)
+        vlans = info.get(VF["IFLA_VF_VLAN_LIST"], b"")
+        for item_kind, item in iter_attrs(vlans):
+            if item_kind == numbers(_VLANS)["IFLA_VF_VLAN_INFO"]:
+                proto = fields_of(_VLANS.ivvi, item).get("proto") or ETH_P_8021Q
+        rate = _struct(info, "IFLA_VF_RATE")
         return {
-            "mac": ":".join(f"{b:02x}" for b in mac[:6]),
-            "vlan": [vlan, qos, proto],
-            "spoofchk": _setting(info, IFLA_VF_SPOOFCHK),
-            "trust": _setting(info, IFLA_VF_TRUST),
-            "link_state": _setting(info, IFLA_VF_LINK_STATE),
-            "rate": list(rate),
+            "mac": ":".join(f"{b:02x}" for b in mac["mac"][:6]),
+            "vlan": [vlan.get("vlan", 0), vlan.get("qos", 0), proto],
+            "spoofchk": _setting(info, "spoofchk"),
+            "trust": _setting(info, "trust"),
+            "link_state": _setting(info, "link_state"),
+            "rate": [rate.get("min_tx_rate", 0), rate.get("max_tx_rate", 0)],
         }
     raise fail(f"PF (index {pf_index}) reports no VF {vf}")
 
 
-def _setting(info: dict[int, bytes], kind: int) -> int:
+def _struct(info: dict[int, bytes], name: str) -> dict[str, Any]:
+    """The fields of the ifla_vf_* attribute `name` of an IFLA_VF_INFO, {} if absent."""
+    payload = info.get(VF[name])
+    return fields_of(attr_class(_VFINFO, name), payload) if payload is not None else {}
+
+
+def _setting(info: dict[int, bytes], key: str) -> int:
     """The value of an ifla_vf_<setting> {vf, setting} attribute, 0 if absent."""
-    return int(VF_SETTING.unpack_from(info[kind])[1]) if kind in info else 0
+    name, field = _ONE_FIELD[key]
+    return int(_struct(info, name).get(field, 0))
 
 
 def set_setting(nl: Rtnl, pf_index: int, vf: int, key: str, value: Any) -> None:
     """Set one VF setting through the PF; raises the kernel error unchanged."""
+    setting: tuple[str, Any]
     if key == "vlan":
         vlan, qos, proto = value
         if proto != ETH_P_8021Q and vlan:
-            info = VF_VLAN.pack(vf, vlan, qos) + struct.pack(">Hxx", proto)
-            payload = attr(IFLA_VF_VLAN_LIST, attr(IFLA_VF_VLAN_INFO, info))
+            info = {"vf": vf, "vlan": vlan, "qos": qos, "proto": proto}
+            setting = ("IFLA_VF_VLAN_LIST", nested(("IFLA_VF_VLAN_INFO", info)))
         else:
-            payload = attr(IFLA_VF_VLAN, VF_VLAN.pack(vf, vlan, qos))
+            setting = ("IFLA_VF_VLAN", {"vf": vf, "vlan": vlan, "qos": qos})
     elif key == "rate":
-        payload = attr(IFLA_VF_RATE, VF_RATE.pack(vf, value[0], value[1]))
+        setting = ("IFLA_VF_RATE", {"vf": vf, "min_tx_rate": value[0], "max_tx_rate": value[1]})
     elif key == "mac":
-        payload = attr(IFLA_VF_MAC, VF_MAC.pack(vf, bytes.fromhex(value.replace(":", ""))))
-    elif key in VF_SETTING_ATTRS:
-        payload = attr(VF_SETTING_ATTRS[key], VF_SETTING.pack(vf, value))
+        setting = ("IFLA_VF_MAC", {"vf": vf, "mac": value})
+    elif key in _ONE_FIELD:
+        name, field = _ONE_FIELD[key]
+        setting = (name, {"vf": vf, field: value})
     else:
         raise ValueError(f"unknown VF setting {key}")
-    body = ifinfo(pf_index) + attr(IFLA_VFINFO_LIST, attr(IFLA_VF_INFO, payload))
-    nl.request(RTM_NEWLINK, body)
+    vfinfo = ("IFLA_VFINFO_LIST", nested(("IFLA_VF_INFO", nested(setting))))
+    nl.request(RTM_NEWLINK, link_body(pf_index, [vfinfo]))
 
 
 def apply_settings(
