@@ -870,30 +870,3 @@ def test_bcqueuelen_is_ours_only(worlds: Callable[..., dict[str, World]], bin_di
             ),
         )
         assert world.links(world.pod) == ["lo"] and world.reserved_ips() == []
-
-
-# -- speed -----------------------------------------------------------------------------------
-
-
-def test_in_process_add_is_fast(worlds: Callable[..., dict[str, World]], tmp_path: Path) -> None:
-    """In-process macvlan + host-local ADD (create, move, rename, up, address, route)."""
-    import statistics
-    import time
-
-    world = worlds()["inproc"]
-    executor = BuiltinExecutor()
-    net = load_network_config(json.dumps(macvlan(ipam=HL)(world)).encode())
-    stdin = plugin_stdin(net, net.plugins[0], {}, None)
-    host = f"/run/netns/{world.host}"
-    samples = []
-    for i in range(25):
-        add = cni_env("ADD", f"cid{i}", world.pod_path, "eth0", (), [str(REFERENCE)])
-        start = time.perf_counter()
-        run_in_netns(host, partial(executor.run, "macvlan", stdin, add))
-        samples.append(time.perf_counter() - start)
-        dele = {**add, "CNI_COMMAND": "DEL"}
-        run_in_netns(host, partial(executor.run, "macvlan", stdin, dele))
-    median = statistics.median(samples[1:]) * 1000  # the first pays for imports
-    fastest = min(samples) * 1000
-    print(f"in-process macvlan+host-local ADD: median {median:.2f} ms, min {fastest:.2f} ms")
-    assert median < 50
