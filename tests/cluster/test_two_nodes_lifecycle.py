@@ -95,6 +95,16 @@ class Pods:
             list(pool.map(lambda item: item[1].delete_pod(self.namespace, item[0]), self.created))
 
 
+def failed_adds(tn: TwoNodes, namespace: str) -> dict[str, int]:
+    """Pod -> how many of its sandboxes failed (an ADD the kubelet then retried)."""
+    events = tn.cluster.get(f"/api/v1/namespaces/{namespace}/events")["items"]
+    return {
+        e["involvedObject"]["name"]: e.get("count", 1)
+        for e in events
+        if e.get("reason") == "FailedCreatePodSandBox"
+    }
+
+
 def released(tn: TwoNodes, before: list[NodeState]) -> None:
     """After DEL of every pod: links, addresses and records as they were before the test."""
     assert [NodeState(kn) for kn in tn.nodes] == before
@@ -168,6 +178,7 @@ def test_rolling_upgrade_while_pods_are_created(tn: TwoNodes, namespace: str) ->
     for pod in running:  # running pods kept their interfaces, addresses and MACs
         assert addresses(pod.netns) == pod.links, pod.name
     pods.running()
+    print(f"upgrade: ADDs failed and retried by the kubelet: {failed_adds(tn, namespace)}")
     pods.delete_all()
     released(tn, before)
 
@@ -201,6 +212,7 @@ def test_daemon_killed_and_restarted_by_the_kubelet(tn: TwoNodes, namespace: str
     assert install.daemon_pod(tn.cluster, kn)["metadata"]["uid"] == uid
     assert addresses(running.netns) == running.links
     pods.running()
+    print(f"kill: ADDs failed and retried by the kubelet: {failed_adds(tn, namespace)}")
     pods.delete_all()
     released(tn, before)
 
