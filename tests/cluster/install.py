@@ -6,7 +6,8 @@ shipped through its documented overlay, which changes only the image (to the bui
 already imported, so `IfNotPresent` never pulls). The kubelets then run the DaemonSet's
 pods, whose hostPaths land on each node's own dirs (tests/cluster/mounts.py). In-cluster
 clients dial the `kubernetes` Service's ClusterIP; with no kube-proxy, a relay in each
-node namespace answers there.
+node namespace answers there. `uninstall()` removes it as the README says: the manifests
+deleted, then crds/plexus-uninstall.yaml run once on every node.
 """
 
 from __future__ import annotations

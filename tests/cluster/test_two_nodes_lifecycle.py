@@ -11,6 +11,7 @@ pod of the image on each node) leaves each node with its primary network only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -23,6 +24,7 @@ import pytest
 
 from meta.daemon.config import GENERATED_NAME
 from tests.cluster import install
+from tests.cluster.apiserver import ApiError
 from tests.cluster.kubelet import KubeletNode, create_nad, reserved_ips
 from tests.cluster.twonodes import LAN_SUBNET, PodOnNode, TwoNodes, check_networks
 from tests.runtime.conftest import addresses
@@ -44,22 +46,27 @@ def tn(two_nodes: TwoNodes, namespace: str) -> Iterator[TwoNodes]:
     yield two_nodes
 
 
-class NodeState:
-    """What a node holds outside its pods that DEL must give back: host-side links (the
-    primary's veths; its bridge, made by the first pod, stays), the primary network's
-    addresses, Plexus's records."""
+class Held:
+    """What the nodes hold outside pods that DEL must give back: per node the host-side
+    links (the primary's veths; its bridge, made by the first pod, stays), the primary
+    network's addresses and Plexus's records; the LAN NAD's addresses."""
 
-    def __init__(self, kn: KubeletNode) -> None:
-        bridge = kn.node.bridge_conf()["bridge"]
-        self.links = set(addresses(f"/run/netns/{kn.node.name}")) - {bridge}
-        self.primary_ips = reserved_ips(kn.var_lib_cni / "networks")
-        self.records = kn.records()
+    def __init__(self, tn: TwoNodes) -> None:
+        self.nodes = [
+            (
+                set(addresses(f"/run/netns/{kn.node.name}")) - {kn.node.bridge_conf()["bridge"]},
+                reserved_ips(kn.var_lib_cni / "networks"),
+                kn.records(),
+            )
+            for kn in tn.nodes
+        ]
+        self.lan_ips = tn.reserved_ips()
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, NodeState) and vars(self) == vars(other)
+        return isinstance(other, Held) and vars(self) == vars(other)
 
     def __repr__(self) -> str:
-        return f"NodeState({vars(self)})"
+        return f"Held({vars(self)})"
 
 
 class Pods:
@@ -83,6 +90,7 @@ class Pods:
         pods = []
         for name, kn in self.created:
             try:
+                self._not_primary_only(kn, name)
                 pod = PodOnNode(kn, self.namespace, name)
                 check_networks(pod, self.namespace)
             except AssertionError as err:
@@ -90,9 +98,28 @@ class Pods:
             pods.append(pod)
         return pods
 
+    def _not_primary_only(self, kn: KubeletNode, name: str) -> None:
+        """Fail at once on a pod that started without Plexus (its network-status will
+        never come)."""
+        uid = kn.wait_running(self.namespace, name)["metadata"]["uid"]
+        (sandbox,) = kn.sandboxes(uid, ready_only=True)
+        links = sorted(addresses(kn.sandbox_netns(sandbox.id)))
+        assert "net1" in links, f"Running with {links} only: its ADD bypassed Plexus"
+
     def delete_all(self) -> None:
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda item: item[1].delete_pod(self.namespace, item[0]), self.created))
+        self.created.clear()
+
+
+@pytest.fixture
+def pods(tn: TwoNodes, namespace: str) -> Iterator[Pods]:
+    """The test's pods; whatever a failed test left is deleted, so the next one starts
+    from nodes holding nothing of it."""
+    made = Pods(tn, namespace)
+    yield made
+    with contextlib.suppress(AssertionError, ApiError):
+        made.delete_all()
 
 
 def failed_adds(tn: TwoNodes, namespace: str) -> dict[str, int]:
@@ -103,12 +130,6 @@ def failed_adds(tn: TwoNodes, namespace: str) -> dict[str, int]:
         for e in events
         if e.get("reason") == "FailedCreatePodSandBox"
     }
-
-
-def released(tn: TwoNodes, before: list[NodeState]) -> None:
-    """After DEL of every pod: links, addresses and records as they were before the test."""
-    assert [NodeState(kn) for kn in tn.nodes] == before
-    assert tn.reserved_ips() == []
 
 
 def ready(pod: Json) -> bool:
@@ -133,9 +154,8 @@ def poll(tn: TwoNodes, namespace: str, what: str, done: Callable[[], bool]) -> N
         time.sleep(0.2)
 
 
-def test_rolling_upgrade_while_pods_are_created(tn: TwoNodes, namespace: str) -> None:
-    before = [NodeState(kn) for kn in tn.nodes]
-    pods = Pods(tn, namespace)
+def test_rolling_upgrade_while_pods_are_created(tn: TwoNodes, namespace: str, pods: Pods) -> None:
+    before = Held(tn)
     for kn in tn.nodes:
         pods.create(kn, "before")
     running = pods.running()
@@ -180,13 +200,14 @@ def test_rolling_upgrade_while_pods_are_created(tn: TwoNodes, namespace: str) ->
     pods.running()
     print(f"upgrade: ADDs failed and retried by the kubelet: {failed_adds(tn, namespace)}")
     pods.delete_all()
-    released(tn, before)
+    assert Held(tn) == before  # DEL gave everything back
 
 
-def test_daemon_killed_and_restarted_by_the_kubelet(tn: TwoNodes, namespace: str) -> None:
-    before = [NodeState(kn) for kn in tn.nodes]
+def test_daemon_killed_and_restarted_by_the_kubelet(
+    tn: TwoNodes, namespace: str, pods: Pods
+) -> None:
+    before = Held(tn)
     kn = tn.nodes[0]
-    pods = Pods(tn, namespace)
     pods.create(kn, "before")
     (running,) = pods.running()
     daemon = install.daemon_pod(tn.cluster, kn)
@@ -214,7 +235,7 @@ def test_daemon_killed_and_restarted_by_the_kubelet(tn: TwoNodes, namespace: str
     pods.running()
     print(f"kill: ADDs failed and retried by the kubelet: {failed_adds(tn, namespace)}")
     pods.delete_all()
-    released(tn, before)
+    assert Held(tn) == before  # DEL gave everything back
 
 
 def test_uninstall_leaves_the_primary_network_only(tn: TwoNodes, namespace: str) -> None:
