@@ -5,13 +5,15 @@ Only where Plexus runs from its image (tests/cluster/install.py). Pods are creat
 node's daemon is being replaced or restarted; each must end up Running with eth0 and net1
 (an ADD that finds no daemon fails and the kubelet retries it), never with eth0 alone;
 pods that ran through it keep their interfaces; deleting them all releases every address,
-record and link. Uninstalling (the DaemonSet deleted, then `plexus uninstall-cni` in a
-pod of the image on each node) leaves each node with its primary network only.
+record and link. Uninstalling as the README says (the manifests deleted, then
+crds/plexus-uninstall.yaml, whose pods run `plexus uninstall-cni`, on every node) leaves
+each node with its primary network only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import signal
 import time
@@ -245,8 +247,8 @@ def test_uninstall_leaves_the_primary_network_only(tn: TwoNodes, namespace: str)
     for kn in tn.nodes:
         assert sorted(p.name for p in kn.net_dir.iterdir()) == ["10-default.conflist"]
         assert not [p.name for p in kn.node.bin.iterdir() if p.name.startswith("plexus")]
-        assert not kn.cni_state.exists()
-        assert not (kn.run_dir / "plexus").exists()
+        assert not kn.cni_state.exists(), f"records left: {sorted(kn.records())}"
+        assert not (kn.run_dir / "plexus").exists(), "the socket dir is left"
         assert not Path(f"/proc/{pids[kn.name]}").exists(), "the daemon process is left"
         assert kn.sandboxes(daemons[kn.name], ready_only=True) == []  # the kubelet GCs it
         kn.wait_cni_network("default-net")
@@ -257,5 +259,7 @@ def test_uninstall_leaves_the_primary_network_only(tn: TwoNodes, namespace: str)
         (sandbox,) = kn.sandboxes(pod["metadata"]["uid"], ready_only=True)
         links = addresses(kn.sandbox_netns(sandbox.id))
         assert sorted(links) == ["eth0", "lo"]
+        (ip,) = links["eth0"]["ips"]
+        assert ipaddress.ip_address(ip) in ipaddress.ip_network(kn.pod_subnet)
         kn.delete_pod(namespace, manifest["metadata"]["name"])
         assert not (kn.net_dir / GENERATED_NAME).exists()
