@@ -4,7 +4,8 @@ The control plane starts lazily, on the first test that asks for `cluster`, and 
 skips when scripts/build-go-tools.sh has not built the binaries. `kubelet_node` adds a
 real node to it (tests/cluster/kubelet.py: kubelet + containerd + the Plexus daemon),
 once per module that asks for it. `two_nodes` adds the controllers and two such nodes on a
-shared L2 (tests/cluster/twonodes.py), once per session, with Plexus installed on both.
+shared L2 (tests/cluster/twonodes.py), once per session, with Plexus installed on both
+(installed again for the next test when one has uninstalled it).
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def kubelet_node(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[k
 
 
 @pytest.fixture(scope="session")
-def two_nodes(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[twonodes.TwoNodes]:
+def two_nodes_session(
+    request: pytest.FixtureRequest, cluster: Cluster
+) -> Iterator[twonodes.TwoNodes]:
     """Controllers plus two Ready nodes on one LAN, Plexus installed on both."""
     _require(twonodes.missing_binaries())
     nodes = twonodes.TwoNodes(cluster)
@@ -66,6 +69,13 @@ def two_nodes(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[twon
         yield nodes
     finally:
         nodes.close()
+
+
+@pytest.fixture
+def two_nodes(two_nodes_session: twonodes.TwoNodes) -> twonodes.TwoNodes:
+    """The session's two nodes with Plexus on them (again, if a test uninstalled it)."""
+    two_nodes_session.ensure_plexus()
+    return two_nodes_session
 
 
 @pytest.fixture

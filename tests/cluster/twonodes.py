@@ -90,11 +90,15 @@ class TwoNodes:
         self.startup_seconds = 0.0
         self.install_seconds = 0.0
         self.image = ""  # the Plexus image the nodes run ("": started by hand)
+        self.installed = False  # Plexus on the nodes (a test may uninstall it)
         self.forwards: list[LoopbackForward] = []
 
     def start(self) -> None:
         began = time.monotonic()
         self.cluster.start_controllers()
+        # kube-system's `default` ServiceAccount, as the serviceaccount controller (not
+        # run) makes in a real cluster: pods there without their own account need it.
+        self.cluster.create_namespace("kube-system")
         self.lan = Lan()
         for node_ip, pod_subnet in NODE_ADDRESSES:
             self.nodes.append(KubeletNode(self.cluster, node_ip, pod_subnet, MAX_PODS))
@@ -119,6 +123,7 @@ class TwoNodes:
             archive = install.build_image(self.image)
             for kn in self.nodes:
                 self.forwards.append(install.serve_cluster_ip(kn))
+                install.remove_hand_installed(kn)
             with ThreadPoolExecutor(len(self.nodes)) as pool:  # ~30 s each: in parallel
                 jobs = [
                     pool.submit(install.import_image, kn, archive, self.image) for kn in self.nodes
@@ -130,9 +135,53 @@ class TwoNodes:
         else:
             for kn in self.nodes:
                 kn.start_daemon()
+        self.wait_installed()
+        self.install_seconds = time.monotonic() - began
+
+    def wait_installed(self) -> None:
         for kn in self.nodes:
             kn.wait_cni_network(NETWORK_NAME)
-        self.install_seconds = time.monotonic() - began
+        self.installed = True
+
+    def uninstall_plexus(self) -> None:
+        """The DaemonSet deleted and crds/plexus-uninstall.yaml run on every node."""
+        self.installed = False
+        try:
+            install.uninstall(self.cluster, self.image, self.nodes)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{self.dump()}") from None
+
+    def ensure_plexus(self) -> None:
+        """Plexus on the nodes again after uninstall_plexus(), from the same image."""
+        if not self.installed:
+            install.apply(self.cluster, self.image)
+            install.wait_daemonset(self.cluster, self.nodes, self.image)
+            self.wait_installed()
+
+    def dump(self, namespace: str = "") -> str:
+        """The state a lifecycle failure is read from: pods (the test's and kube-system's),
+        events, the daemon pods' logs, each node's kubelet/containerd/daemon log tails."""
+        lines = []
+        for ns in [n for n in (namespace, "kube-system") if n]:
+            for pod in self.cluster.get(f"/api/v1/namespaces/{ns}/pods")["items"]:
+                meta, status = pod["metadata"], pod.get("status", {})
+                containers = [
+                    (c["name"], c.get("ready"), c.get("restartCount"), list(c.get("state", {})))
+                    for c in status.get("containerStatuses") or []
+                ]
+                lines.append(
+                    f"pod {ns}/{meta['name']} node={pod['spec'].get('nodeName')} "
+                    f"phase={status.get('phase')} deleting={'deletionTimestamp' in meta} "
+                    f"image={pod['spec']['containers'][0]['image']} {containers}"
+                )
+            for event in self.cluster.get(f"/api/v1/namespaces/{ns}/events")["items"][-40:]:
+                lines.append(
+                    f"event {ns}/{event['involvedObject'].get('name')} {event.get('reason')}: "
+                    f"{str(event.get('message'))[:300]}"
+                )
+        logs = install.daemon_logs(self.nodes)
+        nodes = "\n".join(f"=== {kn.name}\n{kn.diagnostics()}" for kn in self.nodes)
+        return "\n".join(lines) + f"\n{logs}\n{nodes}"
 
     def macvlan_conf(self, subnet: str) -> Json:
         """A macvlan NAD config on the nodes' uplinks (same name on every node), its
@@ -151,6 +200,11 @@ class TwoNodes:
             [
                 # The GC deletes the DaemonSet's pods; then no controller makes new ones.
                 lambda: install.delete_daemonset(self.cluster) if self.image else None,
+                lambda: (
+                    install.delete_daemonset(self.cluster, install.UNINSTALL_NAME)
+                    if self.image
+                    else None
+                ),
                 self.cluster.stop_controllers,
                 *(forward.stop for forward in self.forwards),
                 *(kn.close for kn in self.nodes),
