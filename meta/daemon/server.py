@@ -47,6 +47,7 @@ class SocketServer:
         self._drained = threading.Event()
         self._hangups = HangupWatch()
         self._sock: socket.socket | None = None
+        self._inode = 0  # of the socket file we bound
 
     def bind(self) -> None:
         """Take over the socket dir, then create the socket with root-only permissions."""
@@ -60,6 +61,7 @@ class SocketServer:
             os.umask(old)
         sock.listen(128)
         self._sock = sock
+        self._inode = self.path.stat().st_ino
         log.info("listening", extra={"socket": str(self.path)})
 
     def serve_forever(self) -> None:
@@ -85,7 +87,7 @@ class SocketServer:
         `grace` seconds; shims arriving later find no socket and wait for the next daemon."""
         deadline = time.monotonic() + grace
         self._stopping.set()
-        self.path.unlink(missing_ok=True)
+        self._unlink_if_ours()
         if self._sock is not None:
             # accept() still returns the connections queued before this, then fails.
             self._sock.shutdown(socket.SHUT_RDWR)
@@ -94,6 +96,18 @@ class SocketServer:
             workers = list(self._workers)
         for worker in workers:
             worker.join(max(0.0, deadline - time.monotonic()))
+
+    def _unlink_if_ours(self) -> None:
+        """Remove the socket file unless a newer daemon (an upgrade surging beside this
+        one) has bound its own there since: its shims must keep finding it."""
+        with contextlib.suppress(FileNotFoundError):
+            if self.path.stat().st_ino == self._inode:
+                self.path.unlink()
+                return
+            log.info(
+                "socket taken over by another daemon; left in place",
+                extra={"socket": str(self.path)},
+            )
 
     def _serve_one(self, conn: socket.socket) -> None:
         try:
