@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 scripts/setup-base.sh --dev
 # openssl: the cluster tier's certificates. containerd, runc: the runtime and cluster tiers.
 # buildah, mmdebstrap: scripts/build-image.sh builds the image with no registry.
-scripts/apt-install.sh openssl containerd runc buildah mmdebstrap
+# valgrind: tests/bench/bench_instructions counts instructions with callgrind.
+scripts/apt-install.sh openssl containerd runc buildah mmdebstrap valgrind
 
 # The VM tier: QEMU, the pinned Debian kernel, virtme-ng (ipvlan, VLAN, SR-IOV tests).
 scripts/setup-vm.sh
