@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 scripts/setup-base.sh --dev
 # openssl: the cluster tier's certificates. containerd, runc: the runtime and cluster tiers.
 # buildah, mmdebstrap: scripts/build-image.sh builds the image with no registry.
-# valgrind: tests/bench/bench_instructions counts instructions with callgrind.
-scripts/apt-install.sh openssl containerd runc buildah mmdebstrap valgrind
+# valgrind: tests/bench/bench_instructions counts instructions with callgrind. strace: the
+# netns tier sees which files an ADD fsyncs.
+scripts/apt-install.sh openssl containerd runc buildah mmdebstrap valgrind strace
 
 # The VM tier: QEMU, the pinned Debian kernel, virtme-ng (ipvlan, VLAN, SR-IOV tests).
 scripts/setup-vm.sh

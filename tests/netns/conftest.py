@@ -242,8 +242,10 @@ class Node:
         namespace: str = "default",
         ifname: str = "eth0",
         uid: str = "",
+        wrapper: tuple[str, ...] = (),
     ) -> subprocess.Popen[str]:
-        """cni() without waiting: the running plexus binary, its stdin already written."""
+        """cni() without waiting: the running plexus binary, its stdin already written;
+        `wrapper` is a command that execs it (e.g. strace)."""
         args = "IgnoreUnknown=1"
         if pod:
             args += (
@@ -275,7 +277,7 @@ class Node:
             stdin.write(json.dumps(conf or self.meta()).encode())
             stdin.seek(0)
             return subprocess.Popen(
-                ["ip", "netns", "exec", self.name, str(self.bin / "plexus")],
+                ["ip", "netns", "exec", self.name, *wrapper, str(self.bin / "plexus")],
                 stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -4,6 +4,7 @@ racing thin-mode calls, a repeated ADD. Real namespaces, reference plugins, the 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -116,12 +117,20 @@ def test_a_corrupt_result_cache_file_is_reported_and_does_not_block_del(node: No
 
 
 def test_add_makes_its_record_and_cache_durable(node: Node) -> None:
-    """The sync step runs (its effect, data on disk after a crash, cannot be seen
-    without pulling the power; fileio's unit tests check what it syncs)."""
-    attached_pod(node)
-    lines = [json.loads(line) for line in (node.root / "plexus.log").read_text().splitlines()]
-    (synced,) = [line for line in lines if line["msg"] == "sync state to disk"]
-    assert synced["outcome"] == "ok" and synced["files"] == 3  # record + 2 cache files
+    """Before ADD answers, the record and every cached result are fsynced, and so are
+    their directories (the names): what a crash right after the answer must not lose.
+    strace shows each fsync with its file's path."""
+    node.nad("macvlan-net", node.macvlan_conf())
+    node.pod("p", "macvlan-net")
+    trace = node.root / "fsync.trace"
+    strace = ("strace", "-f", "-qq", "-y", "-e", "trace=fsync,fdatasync", "-o", str(trace))
+    node.ok("ADD", netns=node.pod_netns(), cid="c-p", pod="p", wrapper=strace)
+    synced = {Path(p) for p in re.findall(r"fsync\(\d+<([^>]+)>", trace.read_text())}
+    records, results = node.cni_dir / "records", node.cni_dir / "results"
+    cached = sorted(results.glob("*-c-p-*"))
+    assert len(cached) == 2, cached  # the default network and net1
+    for path in [records / "c-p", *cached, records, results]:
+        assert path.resolve() in synced, f"{path} not fsynced; fsyncs: {sorted(synced)}"
 
 
 # ---- leases nothing owns ------------------------------------------------------------
