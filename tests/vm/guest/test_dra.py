@@ -17,14 +17,13 @@ import os
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cni.env import CmdArgs
-from deviceplugin.dra.bind import current_driver
 from deviceplugin.dra.prepare import ClaimRef, PoolDevice, Preparer
 from deviceplugin.dra.slices import DRIVER, device_name, node_slices, pool_name
 from deviceplugin.dra.state import PreparedState
@@ -40,11 +39,12 @@ from meta.sources.base import (
 )
 from meta.sources.claims import GROUP_PATH, SLICE_PATH, KubeClaims
 from meta.sources.kubeapi import APIError, KubeAPI
-from tests.vm.guest.conftest import NumVfs, Pf, enable_vfs, host_netdev, pf_up, sh
+from tests.vm.guest.conftest import NumVfs, driver_of, host_netdev, rebind, sh
 
 NODE = "vm-node"
 RESOURCE = "intel.com/igb_vf"
 SYSFS = Path("/sys")
+PCI_DEVICES = SYSFS / "bus" / "pci" / "devices"
 CNI_PATH = ("/usr/lib/cni",)  # the reference loopback plugin, the pod's default network
 Json = dict[str, Any]
 
@@ -124,28 +124,6 @@ def wait_for_netdev(pci: str, name: str) -> None:
         time.sleep(0.2)
 
 
-def bind_to(pci: str, driver: str) -> None:
-    """Rebind the VF outside the code under test (setup and cleanup), as driverctl does."""
-    dev = SYSFS / "bus" / "pci" / "devices" / pci
-    (dev / "driver_override").write_text(driver or "\n")
-    if (dev / "driver").exists():
-        (dev / "driver" / "unbind").write_text(pci)
-    Path("/sys/bus/pci/drivers_probe").write_text(pci)
-
-
-@pytest.fixture
-def vfs(igb_pf: Pf) -> Iterator[NumVfs]:
-    """Two VFs on igbvf with the PF up; after the test each is on igbvf again."""
-    pf_up(igb_pf)
-    made = enable_vfs(igb_pf, 2)
-    pf_up(igb_pf)  # igb resets the link when VFs are enabled
-    yield made
-    for pci, _ in made:
-        if current_driver(SYSFS, pci) != "igbvf":
-            bind_to(pci, "")
-    sh("ip", "link", "set", igb_pf.netdev, "down")
-
-
 def preparer_for(tmp_path: Path, api: KubeAPI) -> Preparer:
     """A Preparer over the real sysfs and /dev, its pool what DraPlugin.update hands it."""
     prep = Preparer(api, PreparedState(tmp_path / "state"), tmp_path / "cdi", SYSFS)
@@ -159,7 +137,7 @@ def vfio_unusable(pci: str) -> str:
     an IOMMU group, or the kernel's no-IOMMU mode."""
     if sh("modprobe", "vfio-pci", check=False).returncode != 0:
         return "the guest kernel has no vfio-pci module"
-    if (SYSFS / "bus" / "pci" / "devices" / pci / "iommu_group").exists():
+    if (PCI_DEVICES / pci / "iommu_group").exists():
         return ""
     if Path("/sys/module/vfio/parameters/enable_unsafe_noiommu_mode").exists():
         Path("/sys/module/vfio/parameters/enable_unsafe_noiommu_mode").write_text("Y")
@@ -185,8 +163,8 @@ def test_dra_prepare_binds_the_vf_and_unprepare_restores_it(
         pytest.skip(why)
     sh("modprobe", "uio_pci_generic")
     if driver == "netdevice":
-        bind_to(pci, "uio_pci_generic")
-    before = current_driver(SYSFS, pci)
+        rebind(pci, "uio_pci_generic")
+    before = driver_of(pci)
     claim = claim_for(pci, {"driver": driver})
     api = FakeResourceAPI([claim], [])
     prep = preparer_for(tmp_path, api)
@@ -196,7 +174,7 @@ def test_dra_prepare_binds_the_vf_and_unprepare_restores_it(
     prepared = prep.prepare(ref)
 
     bound = "igbvf" if driver == "netdevice" else driver
-    assert current_driver(SYSFS, pci) == bound
+    assert driver_of(pci) == bound
     (device,) = prepared.devices
     assert (device.address, device.driver_before, device.driver) == (pci, before, driver)
     spec = json.loads(Path(prepared.cdi_spec).read_text())
@@ -206,16 +184,14 @@ def test_dra_prepare_binds_the_vf_and_unprepare_restores_it(
     assert edits["env"] == [f"PCIDEVICE_INTEL_COM_IGB_VF={pci}"]
     nodes = [n["path"] for n in edits["deviceNodes"]]
     if driver == "vfio-pci":
-        group = os.path.basename(
-            os.readlink(SYSFS / "bus" / "pci" / "devices" / pci / "iommu_group")
-        )
+        group = os.path.basename(os.readlink(PCI_DEVICES / pci / "iommu_group"))
         assert nodes[0] == "/dev/vfio/vfio" and nodes[1] in (
             f"/dev/vfio/{group}",
             f"/dev/vfio/noiommu-{group}",
         )
         assert all(os.path.exists(n) for n in nodes), nodes
     elif driver == "uio_pci_generic":
-        (uio,) = os.listdir(SYSFS / "bus" / "pci" / "devices" / pci / "uio")
+        (uio,) = os.listdir(PCI_DEVICES / pci / "uio")
         assert nodes == [f"/dev/{uio}"] and os.path.exists(nodes[0])
     else:
         assert nodes == []
@@ -227,14 +203,14 @@ def test_dra_prepare_binds_the_vf_and_unprepare_restores_it(
 
     prep.unprepare(ref.uid)
 
-    assert current_driver(SYSFS, pci) == before
+    assert driver_of(pci) == before
     if before == "igbvf":
         wait_for_netdev(pci, netdev)
     else:
         assert host_netdev(pci) == ""
     assert not Path(prepared.cdi_spec).exists()
     assert list((tmp_path / "state").iterdir()) == []
-    assert current_driver(SYSFS, vfs[1][0]) == "igbvf"  # the other VF was not touched
+    assert driver_of(vfs[1][0]) == "igbvf"  # the other VF was not touched
 
 
 class FakeCluster:
