@@ -51,7 +51,8 @@ def vfio_nodes(dev: PciNetDevice, dev_root: Path) -> tuple[str, str]:
     return str(dev_root / "vfio" / "vfio"), str(node)
 
 
-def _uio_node(dev: PciNetDevice, sysfs_root: Path, dev_root: Path) -> str:
+def uio_node(dev: PciNetDevice, sysfs_root: Path, dev_root: Path) -> str:
+    """The VF's /dev/uioN ("" if its uio driver made none)."""
     uio = sysfs_root / "bus" / "pci" / "devices" / dev.address / "uio"
     names = sorted(os.listdir(uio)) if uio.is_dir() else []
     return str(dev_root / names[0]) if names else ""
@@ -70,7 +71,7 @@ def _device_specs_and_info(
         info["vfio"] = {"mount": container, "dev-mount": group}
         return [_spec(container), _spec(group)], info
     if dev.driver in UIO_DRIVERS:
-        node = _uio_node(dev, sysfs_root, dev_root)
+        node = uio_node(dev, sysfs_root, dev_root)
         if not node:
             raise AllocationError(f"{dev.address}: bound to {dev.driver} but has no uio node")
         info["uio"] = {"dev-mount": node}

@@ -3,7 +3,8 @@
 Each VF of a claim is one CDI device `<claim uid>-<device name>` whose container edits
 set `PCIDEVICE_<RESOURCE>` (as Allocate does: the PCI addresses of the claim's VFs of
 that resource in that request, comma-separated, so every device of the request sets the
-same value) and, for a VF bound to vfio-pci, add `/dev/vfio/vfio` and its group node.
+same value) and add the VF's device nodes: `/dev/vfio/vfio` and its group node for
+vfio-pci, its `/dev/uioN` for a uio driver.
 The runtime reads the spec dir (`/var/run/cdi`) when it creates the container.
 """
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cni.fileio import make_durable
-from deviceplugin.allocate import VFIO_DRIVERS, env_name, vfio_nodes
+from deviceplugin.allocate import UIO_DRIVERS, VFIO_DRIVERS, env_name, uio_node, vfio_nodes
 from deviceplugin.dra import bind, cdi
 from deviceplugin.dra.params import request_parameters
 from deviceplugin.dra.slices import DRIVER
@@ -161,7 +161,10 @@ class Preparer:
         """Bind and write the spec; returns the spec's path if it changed (to be synced)."""
         for device in claim.devices:
             if device.driver != device.driver_before:
-                bind.bind(self.sysfs_root, device.address, device.driver, device.driver_before)
+                # A VF on a userspace driver has no known kernel driver: the kernel picks.
+                before = device.driver_before
+                native = "" if before in bind.USERSPACE_DRIVERS else before
+                bind.bind(self.sysfs_root, device.address, device.driver, native)
         spec = Path(claim.cdi_spec)
         return [spec] if cdi.write_spec(spec, self._cdi_devices(claim)) else []
 
@@ -172,12 +175,20 @@ class Preparer:
         out = []
         for d in claim.devices:
             env = {env_name(d.resource): ",".join(addresses[(d.request, d.resource)])}
-            nodes: tuple[str, ...] = ()
-            if d.driver in VFIO_DRIVERS:
-                dev = read_device(self.sysfs_root / "bus" / "pci" / "devices" / d.address)
-                nodes = vfio_nodes(dev, self.dev_root)
-            out.append(cdi.CdiDevice(f"{claim.uid}-{d.device}", env, nodes))
+            out.append(cdi.CdiDevice(f"{claim.uid}-{d.device}", env, self._device_nodes(d)))
         return out
+
+    def _device_nodes(self, d: PreparedDevice) -> tuple[str, ...]:
+        """What a container needs of the VF in /dev: none for a netdevice."""
+        if d.driver not in VFIO_DRIVERS | UIO_DRIVERS:
+            return ()
+        dev = read_device(self.sysfs_root / "bus" / "pci" / "devices" / d.address)
+        if d.driver in VFIO_DRIVERS:
+            return vfio_nodes(dev, self.dev_root)
+        uio = uio_node(dev, self.sysfs_root, self.dev_root)
+        if not uio:
+            raise PrepareError(f"{d.address}: bound to {d.driver} but has no uio node")
+        return (uio,)
 
     # -- unprepare ---------------------------------------------------------------------
 

@@ -40,6 +40,8 @@ def preparer(fake_sysfs: FakeSysfs, tmp_path: Path) -> Preparer:
     fake_sysfs.add_pf("0000:03:00.0", "ens1f0")
     fake_sysfs.add_vf("0000:03:00.0", 0, "0000:03:10.0", netdev="ens1f0v0")
     fake_sysfs.add_vf("0000:03:00.0", 1, "0000:03:10.1", driver="vfio-pci", iommu_group=42)
+    uio = fake_sysfs.add_vf("0000:03:00.0", 2, "0000:03:10.2", driver="igb_uio")
+    (uio / "uio" / "uio3").mkdir(parents=True)
     (tmp_path / "dev" / "vfio").mkdir(parents=True)
     (tmp_path / "dev" / "vfio" / "42").touch()
     # The API is never reached in these tests: each claim is planned from JSON or on disk.
@@ -56,7 +58,7 @@ def preparer(fake_sysfs: FakeSysfs, tmp_path: Path) -> Preparer:
         {
             POOL: {
                 f"vf-0000-03-10-{i}": PoolDevice("intel.com/sriov", vfs[f"0000:03:10.{i}"])
-                for i in (0, 1)
+                for i in (0, 1, 2)
             }
         }
     )
@@ -148,6 +150,34 @@ def test_opaque_config_rebinds_and_unprepare_restores(
     preparer.unprepare(UID)
     assert (vf / "driver_override").read_text() == "\n"  # cleared: the kernel picks iavf
     assert (vfio / "unbind").read_text() == "0000:03:10.0"
+
+
+def test_a_uio_vf_gets_its_uio_node_or_a_clear_error(
+    preparer: Preparer, fake_sysfs: FakeSysfs, tmp_path: Path
+) -> None:
+    preparer.state.put(preparer.plan(REF, claim("vf-0000-03-10-2")))
+    spec = json.loads(Path(preparer.prepare(REF).cdi_spec).read_text())
+    (device,) = spec["devices"]
+    assert device["containerEdits"]["deviceNodes"] == [{"path": str(tmp_path / "dev/uio3")}]
+    preparer.unprepare(UID)
+    (fake_sysfs.root / "bus/pci/devices/0000:03:10.2/uio/uio3").rmdir()
+    preparer.state.put(preparer.plan(REF, claim("vf-0000-03-10-2")))
+    with pytest.raises(PrepareError, match=r"0000:03:10\.2: bound to igb_uio but has no uio node"):
+        preparer.prepare(REF)
+
+
+def test_netdevice_rebinds_a_vf_left_on_a_userspace_driver(
+    preparer: Preparer, fake_sysfs: FakeSysfs
+) -> None:
+    config = [{"source": "FromClaim", "requests": ["vf"],
+               "opaque": {"driver": DRIVER, "parameters": {"driver": "netdevice"}}}]  # fmt: skip
+    preparer.state.put(preparer.plan(REF, claim("vf-0000-03-10-1", config=config)))
+    preparer.prepare(REF)
+    vf = fake_sysfs.root / "bus/pci/devices/0000:03:10.1"
+    # The FAKE tree records the writes: override cleared so the kernel picks its driver.
+    assert (vf / "driver_override").read_text() == "\n"
+    assert (vf / "driver" / "unbind").read_text() == "0000:03:10.1"
+    assert (fake_sysfs.root / "bus/pci/drivers_probe").read_text() == "0000:03:10.1"
 
 
 def test_bind_is_a_no_op_when_the_driver_is_already_there(fake_sysfs: FakeSysfs) -> None:

@@ -167,6 +167,35 @@ def pf_up(pf: Pf) -> None:
         time.sleep(0.1)
 
 
+def driver_of(pci: str) -> str:
+    """The driver a PCI function is bound to, "" if none."""
+    link = Path("/sys/bus/pci/devices") / pci / "driver"
+    return os.path.basename(os.readlink(link)) if link.exists() else ""
+
+
+def rebind(pci: str, driver: str) -> None:
+    """Bind a VF to `driver` ("": its own kernel driver), as driverctl does."""
+    dev = Path("/sys/bus/pci/devices") / pci
+    (dev / "driver_override").write_text(driver or "\n")
+    if (dev / "driver").exists():
+        (dev / "driver" / "unbind").write_text(pci)
+    Path("/sys/bus/pci/drivers_probe").write_text(pci)
+
+
+@pytest.fixture
+def vfs(igb_pf: Pf) -> Iterator[NumVfs]:
+    """Two VFs, with the PF up: igb VFs have no link (and no rate limit) while it is down.
+    Afterwards each VF is on its own driver again and the PF down."""
+    pf_up(igb_pf)
+    made = enable_vfs(igb_pf, 2)
+    pf_up(igb_pf)  # igb resets the link when VFs are enabled
+    yield made
+    for pci, _ in made:
+        if driver_of(pci) != "igbvf":
+            rebind(pci, "")
+    sh("ip", "link", "set", igb_pf.netdev, "down")
+
+
 def sriov_conf(pci: str, data_dir: Path, **extra: Any) -> dict[str, Any]:
     """A `type: sriov` config for the VF `pci`, its state kept in `data_dir`."""
     base = {"cniVersion": "1.0.0", "name": "sriovnet", "type": "sriov", "deviceID": pci}

@@ -25,23 +25,13 @@ from deviceplugin.sysfs import discover
 from tests.vm.guest.conftest import (
     NumVfs,
     Pf,
-    enable_vfs,
+    driver_of,
     host_netdev,
-    pf_up,
+    rebind,
     sh,
     sriov_call,
     sriov_conf,
 )
-
-
-@pytest.fixture
-def vfs(igb_pf: Pf) -> Iterator[NumVfs]:
-    """Two VFs, with the PF up: igb VFs have no link (and no rate limit) while it is down."""
-    pf_up(igb_pf)
-    vfs = enable_vfs(igb_pf, 2)
-    pf_up(igb_pf)  # igb resets the link when VFs are enabled
-    yield vfs
-    sh("ip", "link", "set", igb_pf.netdev, "down")
 
 
 def _vfinfo(pf: Pf, vf: int) -> dict[str, Any]:
@@ -192,15 +182,10 @@ def dpdk_vf(vfs: NumVfs) -> Iterator[str]:
     igbvf afterwards."""
     pci = vfs[1][0]
     sh("modprobe", "uio_pci_generic")
-    dev = Path("/sys/bus/pci/devices") / pci
-    (dev / "driver_override").write_text("uio_pci_generic")
-    (dev / "driver" / "unbind").write_text(pci)
-    Path("/sys/bus/pci/drivers_probe").write_text(pci)
-    assert os.path.basename(os.readlink(dev / "driver")) == "uio_pci_generic"
+    rebind(pci, "uio_pci_generic")
+    assert driver_of(pci) == "uio_pci_generic"
     yield pci
-    (dev / "driver" / "unbind").write_text(pci)
-    (dev / "driver_override").write_text("\n")
-    Path("/sys/bus/pci/drivers_probe").write_text(pci)
+    rebind(pci, "")
 
 
 def test_sriov_dpdk_vf_stays_put_and_reports_its_pci_address(
