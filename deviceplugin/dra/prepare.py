@@ -2,12 +2,13 @@
 
 Prepare takes the claim from the prefetched copies (claims.py) or else reads it from the
 API, and checks that it is allocated (devices of our driver in pools of this node that
-discovery knows) and reserved for a consumer; then it records the plan (state.py), binds each VF to the driver its opaque config asks for
-(params.py, bind.py), writes the claim's CDI spec (cdi.py) and returns the devices with
-their CDI IDs. A claim already in the state is applied again from there, without asking
-the API: the bind is then a no-op and the spec the same, so a kubelet retrying after a
-plugin restart gets the same answer. Unprepare removes the spec, gives each VF its
-driver back and forgets the claim; an unknown claim is already unprepared.
+discovery knows) and reserved for a consumer; then it records the plan (state.py), binds
+each VF to the driver its opaque config asks for (params.py, bind.py), writes the
+claim's CDI spec (cdi.py) and returns the devices with their CDI IDs. A claim already in
+the state is applied again from there, without asking the API: the bind is then a no-op
+and the spec the same, so a kubelet retrying after a plugin restart gets the same
+answer. Unprepare removes the spec, gives each VF its driver back and forgets the claim;
+an unknown claim is already unprepared.
 """
 
 from __future__ import annotations
