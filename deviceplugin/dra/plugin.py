@@ -15,6 +15,7 @@ from pathlib import Path
 
 from cni import deviceinfo
 from deviceplugin.allocate import DeviceInfoFiles
+from deviceplugin.dra.claims import ClaimCache
 from deviceplugin.dra.prepare import PoolDevice, Preparer
 from deviceplugin.dra.publish import SlicePublisher
 from deviceplugin.dra.server import DraServer
@@ -50,8 +51,14 @@ class DraPlugin:
         self.options = options
         api = KubeAPI(options.kubeconfig)
         self.publisher = SlicePublisher(api, options.node_name, options.resync_seconds)
+        self.claims = ClaimCache(api, options.node_name)
         self.preparer = Preparer(
-            api, PreparedState(options.state_dir), options.cdi_dir, sysfs_root, dev_root
+            api,
+            PreparedState(options.state_dir),
+            options.cdi_dir,
+            sysfs_root,
+            dev_root,
+            self.claims,
         )
         self.server = DraServer(self.preparer, registry_dir, options.kubelet_plugins_dir)
         # Never cleared on stop: an upgraded instance may already serve the same VFs.
@@ -80,9 +87,11 @@ class DraPlugin:
         )
 
     def start(self) -> None:
+        self.claims.start()
         self.publisher.start()
         self.server.start()
 
     def stop(self) -> None:
         self.server.stop()
         self.publisher.stop()
+        self.claims.stop()

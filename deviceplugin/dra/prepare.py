@@ -1,13 +1,14 @@
 """NodePrepareResources / NodeUnprepareResources for one claim.
 
-Prepare reads the claim from the API and checks that it is allocated (devices of our
-driver in pools of this node that discovery knows) and reserved for a consumer; then it
-records the plan (state.py), binds each VF to the driver its opaque config asks for
-(params.py, bind.py), writes the claim's CDI spec (cdi.py) and returns the devices with
-their CDI IDs. A claim already in the state is applied again from there, without asking
-the API: the bind is then a no-op and the spec the same, so a kubelet retrying after a
-plugin restart gets the same answer. Unprepare removes the spec, gives each VF its
-driver back and forgets the claim; an unknown claim is already unprepared.
+Prepare takes the claim from the prefetched copies (claims.py) or else reads it from the
+API, and checks that it is allocated (devices of our driver in pools of this node that
+discovery knows) and reserved for a consumer; then it records the plan (state.py), binds
+each VF to the driver its opaque config asks for (params.py, bind.py), writes the
+claim's CDI spec (cdi.py) and returns the devices with their CDI IDs. A claim already in
+the state is applied again from there, without asking the API: the bind is then a no-op
+and the spec the same, so a kubelet retrying after a plugin restart gets the same
+answer. Unprepare removes the spec, gives each VF its driver back and forgets the claim;
+an unknown claim is already unprepared.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from cni.fileio import make_durable
 from deviceplugin.allocate import UIO_DRIVERS, VFIO_DRIVERS, env_name, uio_node, vfio_nodes
 from deviceplugin.dra import bind, cdi
+from deviceplugin.dra.claims import ClaimCache
 from deviceplugin.dra.params import request_parameters
 from deviceplugin.dra.slices import DRIVER
 from deviceplugin.dra.state import PreparedClaim, PreparedDevice, PreparedState
@@ -68,8 +70,10 @@ class Preparer:
         cdi_dir: Path,
         sysfs_root: Path,
         dev_root: Path = Path("/dev"),
+        claims: ClaimCache | None = None,
     ) -> None:
         self.api = api
+        self.claims = claims
         self.state = state
         self.cdi_dir = cdi_dir
         self.sysfs_root = sysfs_root
@@ -87,7 +91,7 @@ class Preparer:
             claim = self.state.get(ref.uid)
             unsynced = []
             if claim is None:
-                claim = self.plan(ref, self._get_claim(ref))
+                claim = self.plan(ref, self._prefetched(ref) or self._get_claim(ref))
                 rebinds = any(d.driver != d.driver_before for d in claim.devices)
                 # Before a rebind the state must be on disk: it holds the driver to restore.
                 path = self.state.put(claim, fsync=rebinds)
@@ -96,6 +100,13 @@ class Preparer:
             unsynced += self._apply(claim)
             make_durable(unsynced)  # the state and the spec in one go, before the answer
             return claim
+
+    def _prefetched(self, ref: ClaimRef) -> Json | None:
+        """The cache's copy, if it is one `_get_claim` would also have taken."""
+        if self.claims is None:
+            return None
+        claim = self.claims.take(ref.namespace, ref.name, ref.uid)
+        return claim if claim is not None and _ready(claim, ref.uid) else None
 
     def _get_claim(self, ref: ClaimRef) -> Json:
         """The claim, from the API server's watch cache (resourceVersion=0: ~2.5 ms less

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.apiserver import CONTROLLERS, REPO, ApiError, Cluster, binary
+from tests.cluster.apiserver import CONTROLLERS, REPO, ApiError, Cluster, audit_events, binary
 from tests.cluster.kubelet import DevicePlugin, KubeletNode, create_nad, network_status
 from tests.netns.test_device_ids import RECORDER
 
@@ -219,6 +219,15 @@ def test_pod_with_claim_is_prepared_and_unprepared_across_a_plugin_restart(
         allocate(dra, namespace, claim_name, "vf-0000-5e-02-1", pod)
         bind(kn, namespace, "dra-pod")
         kn.wait_running(namespace, "dra-pod")
+        # One read of the claim, as the pod's bind showed it to the plugin (consistent), and
+        # none by Prepare: it took that copy.
+        assert dra.proc is not None
+        plugin_requests = audit_events(kn.cluster.audit_log, f"plexus/{dra.proc.pid}")
+        assert [
+            e["requestURI"]
+            for e in plugin_requests
+            if e["verb"] == "get" and e["objectRef"].get("name") == claim_name
+        ] == [f"{CLAIMS.format(ns=namespace)}/{claim_name}"]
 
         spec_file = dra.cdi_dir / f"sriov.plexus.io-claim_{claim_uid}.json"
         spec = json.loads(spec_file.read_text())
