@@ -57,12 +57,16 @@ def build_image(tag: str = IMAGE) -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def manifests(image: str, files: list[Path] = MANIFESTS) -> list[Json]:
-    """crds/ through the documented overlay (scripts/overlay-crds.py): only the image.
-    One copy for all nodes: each node's mount namespace gives the same hostPaths its own
-    dirs, so the per-node copies the overlay offers are not needed."""
+def manifests(
+    image: str, files: list[Path] = MANIFESTS, host_paths: dict[str, str] | None = None
+) -> list[Json]:
+    """crds/ through the documented overlay (scripts/overlay-crds.py): the image, and the
+    `host_paths` moved (OLD -> NEW). One copy for all nodes: each node's mount namespace
+    gives the same hostPaths its own dirs, so the per-node copies the overlay offers are
+    not needed."""
+    moves = [f"--host-path={old}={new}" for old, new in (host_paths or {}).items()]
     done = subprocess.run(
-        [sys.executable, str(OVERLAY), "--image", image, *map(str, files)],
+        [sys.executable, str(OVERLAY), "--image", image, *moves, *map(str, files)],
         capture_output=True,
         text=True,
         check=True,
