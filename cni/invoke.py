@@ -64,6 +64,10 @@ class Executor(Protocol):
 
     def run(self, plugin_type: str, stdin: bytes, env: Mapping[str, str]) -> bytes: ...
 
+    def hosts(self, plugin_type: str) -> bool:
+        """True if `plugin_type` runs in this process (no exec)."""
+        ...
+
 
 class ExecExecutor:
     """Executor that execs plugin binaries found in env["CNI_PATH"].
@@ -76,6 +80,10 @@ class ExecExecutor:
     def __init__(self, timeout: float | None = None, chroot_dir: str = "") -> None:
         self.timeout = timeout
         self.chroot_dir = chroot_dir.rstrip("/")
+
+    def hosts(self, plugin_type: str) -> bool:
+        """Never: every plugin is exec'd."""
+        return False
 
     def run(self, plugin_type: str, stdin: bytes, env: Mapping[str, str]) -> bytes:
         """Exec the plugin; a non-zero exit becomes the CNIError it printed."""

@@ -48,6 +48,10 @@ class CNIRuntime:
         """The result cache this runtime reads and writes."""
         return self._cache
 
+    def in_process(self, net: NetworkConfigList) -> bool:
+        """True if every plugin of `net` runs in this process (none is exec'd)."""
+        return all(self.executor.hosts(str(plugin["type"])) for plugin in net.plugins)
+
     def add(self, net: NetworkConfigList, rt: RuntimeConf) -> Result:
         """ADD every plugin in order, chaining results; cache and return the final one."""
         result: Result | None = None

@@ -43,10 +43,22 @@ class Delegate(BaseModel):
         return tuple(pair for pair in args if pair[0] not in own) + tuple(self.cni_args)
 
     @property
+    def plugins(self) -> list[dict[str, Any]]:
+        """The plugin confs in chain order (a single conf is a chain of one)."""
+        chain = self.config.get("plugins")
+        if not isinstance(chain, list):
+            return [self.config]
+        return [p for p in chain if isinstance(p, dict)]
+
+    @property
     def plugin_types(self) -> list[str]:
-        if "plugins" in self.config:
-            return [str(p.get("type", "")) for p in self.config["plugins"]]
-        return [str(self.config.get("type", ""))]
+        return [str(p.get("type", "")) for p in self.plugins]
+
+    @property
+    def links_in_pod(self) -> bool:
+        """A plugin hangs its link from one inside the pod (`linkInContainer`), which an
+        earlier network may be the one to create."""
+        return any(p.get("linkInContainer") for p in self.plugins)
 
     @property
     def chain(self) -> str:

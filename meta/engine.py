@@ -25,6 +25,7 @@ from meta.claims import ClaimedDevices, status_by_claim
 from meta.config import MetaConfig
 from meta.delegate import Delegate
 from meta.devices import DeviceSource
+from meta.lanes import attach_in_lanes
 from meta.node import Node
 from meta.records import AttachmentRecord
 from meta.sources.base import ClusterSource, Pod
@@ -149,19 +150,30 @@ class Engine:
     def _attach_all(
         self, args: CmdArgs, delegates: list[Delegate], plan: routes.RoutePlan, log: StepLogger
     ) -> list[Result]:
-        results: list[Result] = []
+        outcome = attach_in_lanes(
+            delegates,
+            lambda d: self._attach(args, d, log),
+            self._may_run_beside,
+        )
         try:
-            for delegate in delegates:
-                results.append(self._attach(args, delegate, log))
+            if outcome.error is not None:
+                raise outcome.error
             self.node.apply_default_routes(args.netns, plan, log)
-            results = [
+            return [
                 self._rewrite_routes(args, d, r, plan)
-                for d, r in zip(delegates, results, strict=True)
+                for d, r in zip(delegates, outcome.results, strict=True)
             ]
         except CNIError:
-            self._rollback(args, delegates[: len(results) + 1], log)
+            self._rollback(args, outcome.started, log)
             raise
-        return results
+
+    def _may_run_beside(self, delegate: Delegate) -> bool:
+        """In-process and independent of the pod's other links (meta/lanes.py); a config
+        that does not parse runs in order, where its ADD reports the error."""
+        try:
+            return self.runtime.in_process(delegate.network_config()) and not delegate.links_in_pod
+        except CNIError:
+            return False
 
     def _attach(self, args: CmdArgs, delegate: Delegate, log: StepLogger) -> Result:
         with log.step("delegate add", **delegate.log_fields) as fields:

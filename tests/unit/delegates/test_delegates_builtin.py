@@ -33,6 +33,9 @@ class Recorder:
         self.calls.append((plugin_type, stdin, dict(env)))
         return b"fallback"
 
+    def hosts(self, plugin_type: str) -> bool:
+        return False
+
 
 def _env(command: str = "ADD") -> dict[str, str]:
     return cni_env(command, "cid", "/nonexistent/netns", "eth0", (), ["/usr/lib/cni"])

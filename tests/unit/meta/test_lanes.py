@@ -1,0 +1,215 @@
+"""meta/lanes.py: which networks run beside the others, and what a failure stops.
+
+`attach` here is a test function standing in for the engine's delegate ADD (the real
+ones run in tests/netns); it records the order of starts and can block on a gate, which
+is how these tests see two lanes overlap without measuring time.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from cni.errors import CNIError, ErrorCode
+from cni.result import Result
+from meta import lanes
+from meta.delegate import Delegate
+
+WAIT = 10.0
+"""Seconds a gate waits before the test fails instead of hanging."""
+
+
+def delegate(name: str, **plugin: object) -> Delegate:
+    return Delegate(network=name, ifname=name, config={"name": name, "type": "t", **plugin})
+
+
+def beside_if(*names: str) -> Callable[[Delegate], bool]:
+    return lambda d: d.network in names
+
+
+class Attach:
+    """Records starts; `fail` names networks whose ADD fails; `gates` holds an ADD
+    until its event is set."""
+
+    def __init__(self, fail: tuple[str, ...] = (), gates: dict[str, threading.Event] | None = None):
+        self.fail = fail
+        self.gates = gates or {}
+        self.started: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, d: Delegate) -> Result:
+        with self._lock:
+            self.started.append(d.network)
+        gate = self.gates.get(d.network)
+        if gate is not None and not gate.wait(WAIT):
+            raise AssertionError(f"{d.network}: gate never opened")
+        if d.network in self.fail:
+            raise CNIError(ErrorCode.IO_FAILURE, f"{d.network} failed")
+        return Result(cniVersion="1.0.0", interfaces=[{"name": d.ifname}])
+
+
+def names(results: list[Result]) -> list[str]:
+    return [r.interfaces[0].name for r in results]
+
+
+def test_a_side_network_runs_while_the_exec_lane_is_busy() -> None:
+    side_done = threading.Event()
+    gate = threading.Event()
+
+    class Lane(Attach):
+        def __call__(self, d: Delegate) -> Result:
+            if d.network == "eth0":
+                # The default network's ADD finishes only once net1 has run beside it.
+                assert side_done.wait(WAIT), "net1 did not run while eth0 was running"
+                gate.set()
+            result = super().__call__(d)
+            if d.network == "net1":
+                side_done.set()
+            return result
+
+    attach = Lane()
+    outcome = lanes.attach_in_lanes([delegate("eth0"), delegate("net1")], attach, beside_if("net1"))
+
+    assert outcome.error is None
+    assert names(outcome.results) == ["eth0", "net1"]
+    assert gate.is_set()
+
+
+def test_results_keep_the_networks_order_whatever_finishes_first() -> None:
+    late = threading.Event()
+    attach = Attach(gates={"net1": late})
+    nets = [delegate("net1"), delegate("eth0"), delegate("net2")]
+
+    def release_net1_last(d: Delegate) -> Result:
+        result = attach(d)
+        if d.network == "eth0":
+            late.set()
+        return result
+
+    outcome = lanes.attach_in_lanes(nets, release_net1_last, beside_if("net1", "net2"))
+
+    assert names(outcome.results) == ["net1", "eth0", "net2"]
+    assert [d.network for d in outcome.started] == ["net1", "eth0", "net2"]
+
+
+def test_every_side_network_completes_when_the_pool_is_busy() -> None:
+    """More side networks than pool threads: the queued ones still run (not cancelled)."""
+    nets = [delegate("eth0")] + [delegate(f"net{i}") for i in range(lanes.POOL_SIZE * 3)]
+    outcome = lanes.attach_in_lanes(nets, Attach(), lambda d: d.network != "eth0")
+
+    assert outcome.error is None
+    assert names(outcome.results) == [d.network for d in nets]
+
+
+def test_a_link_in_the_pod_waits_for_every_network_before_it() -> None:
+    net1_done = threading.Event()
+    seen: list[bool] = []
+
+    def attach(d: Delegate) -> Result:
+        if d.network == "vlan":
+            seen.append(net1_done.is_set())
+        result = Attach()(d)
+        if d.network == "net1":
+            net1_done.set()
+        return result
+
+    nets = [delegate("eth0"), delegate("net1"), delegate("vlan", linkInContainer=True)]
+    outcome = lanes.attach_in_lanes(nets, attach, beside_if("net1"))
+
+    assert outcome.error is None
+    assert seen == [True]
+
+
+def test_a_failure_in_order_starts_nothing_after_it_and_rolls_back_what_ran() -> None:
+    attach = Attach(fail=("net1",))
+    nets = [delegate("eth0"), delegate("net1"), delegate("net2"), delegate("net3")]
+
+    outcome = lanes.attach_in_lanes(nets, attach, beside_if("eth0", "net3"))
+
+    assert outcome.error is not None and outcome.error.msg == "net1 failed"
+    assert "net2" not in attach.started
+    # What ran, the failed net1 included (its DEL cleans up), is what is rolled back;
+    # net3, on the side lane from the start, may have run or been cancelled.
+    assert [d.network for d in outcome.started] == [
+        d.network for d in nets if d.network in attach.started
+    ]
+    assert "net1" in attach.started
+
+
+def test_a_side_failure_stops_the_networks_after_it() -> None:
+    eth0_started = threading.Event()
+    attach = Attach(fail=("net1",), gates={"net1": eth0_started})
+
+    def signal_eth0(d: Delegate) -> Result:
+        if d.network == "eth0":
+            eth0_started.set()
+        return attach(d)
+
+    nets = [delegate("net1"), delegate("eth0"), delegate("net2", linkInContainer=True)]
+    outcome = lanes.attach_in_lanes(nets, signal_eth0, beside_if("net1"))
+
+    assert outcome.error is not None and outcome.error.msg == "net1 failed"
+    assert "net2" not in attach.started  # it waits for net1, which failed
+    assert [d.network for d in outcome.started] == ["net1", "eth0"]
+
+
+def test_the_first_failure_by_order_is_the_one_reported() -> None:
+    net1_started, net2_failed = threading.Event(), threading.Event()
+    attach = Attach(fail=("net1", "net2"), gates={"net1": net2_failed})
+
+    def ordered(d: Delegate) -> Result:
+        if d.network == "net1":
+            net1_started.set()
+        if d.network == "net2":
+            assert net1_started.wait(WAIT)
+        try:
+            return attach(d)
+        finally:
+            if d.network == "net2":
+                net2_failed.set()
+
+    nets = [delegate("net1"), delegate("net2")]
+    outcome = lanes.attach_in_lanes(nets, ordered, beside_if("net1"))
+
+    assert outcome.error is not None and outcome.error.msg == "net1 failed"
+    assert [d.network for d in outcome.started] == ["net1", "net2"]
+
+
+SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("scope", default="none")
+
+
+def test_side_networks_see_the_calls_context() -> None:
+    """cni.callscope (exec timeouts, cancellation) lives in a ContextVar."""
+    token = SCOPE.set("this call")
+    seen: list[str] = []
+
+    def attach(d: Delegate) -> Result:
+        seen.append(SCOPE.get())
+        return Attach()(d)
+
+    try:
+        outcome = lanes.attach_in_lanes([delegate("net1")], attach, beside_if("net1"))
+    finally:
+        SCOPE.reset(token)
+
+    assert outcome.error is None
+    assert seen == ["this call"]
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"name": "n", "type": "macvlan"}, False),
+        ({"name": "n", "type": "macvlan", "linkInContainer": True}, True),
+        (
+            {"name": "n", "plugins": [{"type": "macvlan"}, {"type": "vlan", "linkInContainer": 1}]},
+            True,
+        ),
+        ({"name": "n", "plugins": [{"type": "macvlan", "linkInContainer": False}]}, False),
+    ],
+)
+def test_links_in_pod(config: dict[str, object], expected: bool) -> None:
+    assert Delegate(network="n", ifname="net1", config=config).links_in_pod is expected
