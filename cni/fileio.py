@@ -4,13 +4,12 @@ writes its state files."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Iterable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-
-from cni.pools import shared_pool
 
 
 def write_atomic(path: str | Path, data: bytes, mode: int = 0o600, fsync: bool = False) -> None:
@@ -69,13 +68,24 @@ def start_sync(paths: Iterable[str | Path]) -> PendingSync:
     """
     files = [Path(p) for p in paths]
     directories = list(dict.fromkeys(f.parent for f in files))
-    pool = shared_pool("fsync", _POOL_SIZE)
-    jobs = [pool.submit(_fsync_if_there, f) for f in files]
-    jobs += [pool.submit(_fsync, d) for d in directories]
+    jobs = [_pool().submit(_fsync_if_there, f) for f in files]
+    jobs += [_pool().submit(_fsync, d) for d in directories]
     return PendingSync(jobs)
 
 
 _POOL_SIZE = 8
+_pool_guard = threading.Lock()
+
+
+@functools.cache
+def _shared_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(_POOL_SIZE, thread_name_prefix="fsync")
+
+
+def _pool() -> ThreadPoolExecutor:
+    """One pool per process, made on first use (the guard: functools.cache is not)."""
+    with _pool_guard:
+        return _shared_pool()
 
 
 def _fsync_if_there(path: Path) -> None:

@@ -2,9 +2,11 @@
 
 Multus attaches a pod's networks one after another. Plexus's in-process delegates
 (macvlan, ipvlan, sriov) each touch only the interface they create, the host link it
-hangs from and their IPAM's state (locked per network), so each runs on a thread of
-the shared pool while the exec'd plugins (the default network, third-party secondaries)
-run in order on the calling thread. What depends on order stays in order:
+hangs from and their IPAM's state (locked per network), so they run, in order, on a
+thread of the call's own while the exec'd plugins (the default network, third-party
+secondaries) run in order on the calling thread. The side lane is per call, not a
+shared pool, so a delegate that hangs holds up only its own pod. What depends on order
+stays in order:
 - a network whose plugins are not all in-process keeps its place in the sequence;
 - one that names a link inside the pod (`linkInContainer`) first waits for every
   network before it, in both lanes;
@@ -15,17 +17,14 @@ run in order on the calling thread. What depends on order stays in order:
 from __future__ import annotations
 
 import contextvars
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
 from cni.errors import CNIError
-from cni.pools import shared_pool
 from cni.result import Result
 from meta.delegate import Delegate
-
-POOL_SIZE = 4
-"""Threads for the side lane of all calls together; under the GIL more would only queue."""
 
 
 @dataclass
@@ -44,12 +43,13 @@ def attach_in_lanes(
     beside: Callable[[Delegate], bool],
 ) -> Outcome:
     """Run `attach` on every delegate; those `beside` says may run on the side lane do."""
-    pool = shared_pool("attach", POOL_SIZE)
-    side: dict[int, Future[Result]] = {}
-    for index, delegate in enumerate(delegates):
-        if beside(delegate):
-            context = contextvars.copy_context()  # the call's scope: timeouts, cancellation
-            side[index] = pool.submit(context.run, attach, delegate)
+    side = {i: Future[Result]() for i, d in enumerate(delegates) if beside(d)}
+    if side:
+        work = [(side[i], delegates[i]) for i in sorted(side)]
+        context = contextvars.copy_context()  # the call's scope: timeouts, cancellation
+        threading.Thread(
+            target=context.run, args=(_side_lane, work, attach), name="attach-side", daemon=True
+        ).start()
     done: dict[int, Result] = {}
     failed: dict[int, CNIError] = {}
     ran: set[int] = set()
@@ -77,6 +77,23 @@ def attach_in_lanes(
     if failed:
         return Outcome([], started, failed[min(failed)])
     return Outcome([done[i] for i in range(len(delegates))], started)
+
+
+def _side_lane(
+    work: list[tuple[Future[Result], Delegate]], attach: Callable[[Delegate], Result]
+) -> None:
+    """Attach each network in order; after a failure, cancel the rest."""
+    failed = False
+    for future, delegate in work:
+        if failed:
+            future.cancel()
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            future.set_result(attach(delegate))
+        except BaseException as exc:  # handed to the calling thread, which raises it
+            future.set_exception(exc)
+            failed = True
 
 
 def _side_failed(side: dict[int, Future[Result]]) -> bool:

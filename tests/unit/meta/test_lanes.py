@@ -95,9 +95,9 @@ def test_results_keep_the_networks_order_whatever_finishes_first() -> None:
     assert [d.network for d in outcome.started] == ["net1", "eth0", "net2"]
 
 
-def test_every_side_network_completes_when_the_pool_is_busy() -> None:
-    """More side networks than pool threads: the queued ones still run (not cancelled)."""
-    nets = [delegate("eth0")] + [delegate(f"net{i}") for i in range(lanes.POOL_SIZE * 3)]
+def test_every_side_network_completes_after_the_exec_lane_is_done() -> None:
+    """Side networks still queued when the exec lane ends run (they are not cancelled)."""
+    nets = [delegate("eth0")] + [delegate(f"net{i}") for i in range(12)]
     outcome = lanes.attach_in_lanes(nets, Attach(), lambda d: d.network != "eth0")
 
     assert outcome.error is None
@@ -213,3 +213,36 @@ def test_side_networks_see_the_calls_context() -> None:
 )
 def test_links_in_pod(config: dict[str, object], expected: bool) -> None:
     assert Delegate(network="n", ifname="net1", config=config).links_in_pod is expected
+
+
+def test_hung_side_networks_of_other_pods_do_not_hold_up_this_one() -> None:
+    """Each call has its own side lane: no shared pool a few stuck delegates could fill."""
+    gate = threading.Event()
+
+    def stuck(d: Delegate) -> Result:
+        gate.wait(WAIT * 3)  # longer than this test waits for its own call
+        return Attach()(d)
+
+    calls = [
+        threading.Thread(
+            target=lanes.attach_in_lanes, args=([delegate("net1")], stuck, beside_if("net1"))
+        )
+        for _ in range(16)
+    ]
+    for call in calls:
+        call.start()
+    outcomes: list[lanes.Outcome] = []
+    this = threading.Thread(
+        target=lambda: outcomes.append(
+            lanes.attach_in_lanes([delegate("net2")], Attach(), beside_if("net2"))
+        )
+    )
+    try:
+        this.start()
+        this.join(WAIT)
+        assert outcomes and outcomes[0].error is None, "held up by other pods' delegates"
+        assert names(outcomes[0].results) == ["net2"]
+    finally:
+        gate.set()
+        for call in [*calls, this]:
+            call.join(WAIT)
