@@ -25,7 +25,7 @@ from meta.claims import ClaimedDevices, status_by_claim
 from meta.config import MetaConfig
 from meta.delegate import Delegate
 from meta.devices import DeviceSource
-from meta.lanes import attach_in_lanes
+from meta.lanes import IN_ORDER, attach_in_lanes
 from meta.node import Node
 from meta.records import AttachmentRecord
 from meta.sources.base import ClusterSource, Pod
@@ -152,7 +152,7 @@ class Engine:
     ) -> list[Result]:
         outcome = attach_in_lanes(
             delegates,
-            lambda d: self._attach(args, d, log),
+            lambda d, lane: self._attach(args, d, log, lane),
             self._may_run_beside,
         )
         try:
@@ -175,8 +175,10 @@ class Engine:
         except CNIError:
             return False
 
-    def _attach(self, args: CmdArgs, delegate: Delegate, log: StepLogger) -> Result:
-        with log.step("delegate add", **delegate.log_fields) as fields:
+    def _attach(
+        self, args: CmdArgs, delegate: Delegate, log: StepLogger, lane: str = IN_ORDER
+    ) -> Result:
+        with log.step("delegate add", **delegate.log_fields, lane=lane) as fields:
             self.node.copy_device_info(delegate, log)
             try:
                 result = self.runtime.add(delegate.network_config(), self._rt(args, delegate))

@@ -26,6 +26,12 @@ from cni.errors import CNIError
 from cni.result import Result
 from meta.delegate import Delegate
 
+BESIDE = "beside"
+IN_ORDER = "in order"
+"""The lanes, as `attach` is told (the engine logs them with each delegate's ADD)."""
+
+Attach = Callable[[Delegate, str], Result]
+
 
 @dataclass
 class Outcome:
@@ -39,7 +45,7 @@ class Outcome:
 
 def attach_in_lanes(
     delegates: Sequence[Delegate],
-    attach: Callable[[Delegate], Result],
+    attach: Attach,
     beside: Callable[[Delegate], bool],
 ) -> Outcome:
     """Run `attach` on every delegate; those `beside` says may run on the side lane do."""
@@ -62,7 +68,7 @@ def attach_in_lanes(
             break
         ran.add(index)
         try:
-            done[index] = attach(delegate)
+            done[index] = attach(delegate, IN_ORDER)
         except CNIError as exc:
             failed[index] = exc
     for index, future in side.items():
@@ -79,9 +85,7 @@ def attach_in_lanes(
     return Outcome([done[i] for i in range(len(delegates))], started)
 
 
-def _side_lane(
-    work: list[tuple[Future[Result], Delegate]], attach: Callable[[Delegate], Result]
-) -> None:
+def _side_lane(work: list[tuple[Future[Result], Delegate]], attach: Attach) -> None:
     """Attach each network in order; after a failure, cancel the rest."""
     failed = False
     for future, delegate in work:
@@ -90,7 +94,7 @@ def _side_lane(
         if not future.set_running_or_notify_cancel():
             continue
         try:
-            future.set_result(attach(delegate))
+            future.set_result(attach(delegate, BESIDE))
         except BaseException as exc:  # handed to the calling thread, which raises it
             future.set_exception(exc)
             failed = True

@@ -257,9 +257,10 @@ def test_logs_have_one_line_per_step_with_identity_and_timing(node: Node) -> Non
 
     lines = [json.loads(line) for line in (node.root / "plexus.log").read_text().splitlines()]
     steps = [line for line in lines if line["msg"] == "delegate add"]
-    assert [(s["network"], s["ifname"], s["delegate"]) for s in steps] == [
-        ("default-net", "eth0", "bridge"),
-        ("default/macvlan-net", "net1", "macvlan"),
+    # The in-process macvlan runs beside the bridge exec, so either may log first.
+    assert sorted((s["network"], s["ifname"], s["delegate"], s["lane"]) for s in steps) == [
+        ("default-net", "eth0", "bridge", "in order"),
+        ("default/macvlan-net", "net1", "macvlan", "beside"),
     ]
     for step in steps:
         assert step["cid"] == "c-logged" and step["pod"] == "default/logged"
@@ -271,7 +272,7 @@ def test_logs_have_one_line_per_step_with_identity_and_timing(node: Node) -> Non
         "default/logged",
         "eth0",
     )
-    assert summary["outcome"] == "ok" and summary["ms"] >= sum(s["ms"] for s in steps)
+    assert summary["outcome"] == "ok" and summary["ms"] >= max(s["ms"] for s in steps)
 
 
 def test_logs_end_each_call_with_its_outcome_and_error_code(node: Node) -> None:

@@ -38,11 +38,13 @@ class Attach:
         self.fail = fail
         self.gates = gates or {}
         self.started: list[str] = []
+        self.lanes: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, d: Delegate) -> Result:
+    def __call__(self, d: Delegate, lane: str) -> Result:
         with self._lock:
             self.started.append(d.network)
+            self.lanes[d.network] = lane
         gate = self.gates.get(d.network)
         if gate is not None and not gate.wait(WAIT):
             raise AssertionError(f"{d.network}: gate never opened")
@@ -60,12 +62,12 @@ def test_a_side_network_runs_while_the_exec_lane_is_busy() -> None:
     gate = threading.Event()
 
     class Lane(Attach):
-        def __call__(self, d: Delegate) -> Result:
+        def __call__(self, d: Delegate, lane: str) -> Result:
             if d.network == "eth0":
                 # The default network's ADD finishes only once net1 has run beside it.
                 assert side_done.wait(WAIT), "net1 did not run while eth0 was running"
                 gate.set()
-            result = super().__call__(d)
+            result = super().__call__(d, lane)
             if d.network == "net1":
                 side_done.set()
             return result
@@ -76,6 +78,7 @@ def test_a_side_network_runs_while_the_exec_lane_is_busy() -> None:
     assert outcome.error is None
     assert names(outcome.results) == ["eth0", "net1"]
     assert gate.is_set()
+    assert attach.lanes == {"eth0": lanes.IN_ORDER, "net1": lanes.BESIDE}
 
 
 def test_results_keep_the_networks_order_whatever_finishes_first() -> None:
@@ -83,8 +86,8 @@ def test_results_keep_the_networks_order_whatever_finishes_first() -> None:
     attach = Attach(gates={"net1": late})
     nets = [delegate("net1"), delegate("eth0"), delegate("net2")]
 
-    def release_net1_last(d: Delegate) -> Result:
-        result = attach(d)
+    def release_net1_last(d: Delegate, lane: str) -> Result:
+        result = attach(d, lane)
         if d.network == "eth0":
             late.set()
         return result
@@ -108,10 +111,10 @@ def test_a_link_in_the_pod_waits_for_every_network_before_it() -> None:
     net1_done = threading.Event()
     seen: list[bool] = []
 
-    def attach(d: Delegate) -> Result:
+    def attach(d: Delegate, lane: str) -> Result:
         if d.network == "vlan":
             seen.append(net1_done.is_set())
-        result = Attach()(d)
+        result = Attach()(d, lane)
         if d.network == "net1":
             net1_done.set()
         return result
@@ -143,10 +146,10 @@ def test_a_side_failure_stops_the_networks_after_it() -> None:
     eth0_started = threading.Event()
     attach = Attach(fail=("net1",), gates={"net1": eth0_started})
 
-    def signal_eth0(d: Delegate) -> Result:
+    def signal_eth0(d: Delegate, lane: str) -> Result:
         if d.network == "eth0":
             eth0_started.set()
-        return attach(d)
+        return attach(d, lane)
 
     nets = [delegate("net1"), delegate("eth0"), delegate("net2", linkInContainer=True)]
     outcome = lanes.attach_in_lanes(nets, signal_eth0, beside_if("net1"))
@@ -160,13 +163,13 @@ def test_the_first_failure_by_order_is_the_one_reported() -> None:
     net1_started, net2_failed = threading.Event(), threading.Event()
     attach = Attach(fail=("net1", "net2"), gates={"net1": net2_failed})
 
-    def ordered(d: Delegate) -> Result:
+    def ordered(d: Delegate, lane: str) -> Result:
         if d.network == "net1":
             net1_started.set()
         if d.network == "net2":
             assert net1_started.wait(WAIT)
         try:
-            return attach(d)
+            return attach(d, lane)
         finally:
             if d.network == "net2":
                 net2_failed.set()
@@ -186,9 +189,9 @@ def test_side_networks_see_the_calls_context() -> None:
     token = SCOPE.set("this call")
     seen: list[str] = []
 
-    def attach(d: Delegate) -> Result:
+    def attach(d: Delegate, lane: str) -> Result:
         seen.append(SCOPE.get())
-        return Attach()(d)
+        return Attach()(d, lane)
 
     try:
         outcome = lanes.attach_in_lanes([delegate("net1")], attach, beside_if("net1"))
@@ -219,9 +222,9 @@ def test_hung_side_networks_of_other_pods_do_not_hold_up_this_one() -> None:
     """Each call has its own side lane: no shared pool a few stuck delegates could fill."""
     gate = threading.Event()
 
-    def stuck(d: Delegate) -> Result:
+    def stuck(d: Delegate, lane: str) -> Result:
         gate.wait(WAIT * 3)  # longer than this test waits for its own call
-        return Attach()(d)
+        return Attach()(d, lane)
 
     calls = [
         threading.Thread(
