@@ -12,8 +12,6 @@ import contextlib
 import threading
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
 from meta.daemon.metrics import Metrics
 
 REQUEST_DEADLINE = 5.0
@@ -71,6 +69,9 @@ class HealthServer:
             ok = self.ready()
             status, body = (200, b"ok\n") if ok else (503, b"not ready\n")
         elif path == "/metrics":
+            # Imported on the first scrape: a node nobody scrapes never loads it (+1.5 MiB).
+            from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
             status, body = 200, generate_latest(self.metrics.registry)
             content_type = CONTENT_TYPE_LATEST
         else:

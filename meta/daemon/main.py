@@ -7,16 +7,19 @@ import logging
 import signal
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from cni import logs
 from meta.daemon.cniconfig import ConfigWriter
 from meta.daemon.config import load_daemon_config
 from meta.daemon.hotplug import HotplugWorker, StorePoller
-from meta.daemon.http import HealthServer
 from meta.daemon.metrics import Metrics
 from meta.daemon.server import SocketServer
 from meta.plugin import MetaPlugin, source_for
 from meta.sources.kube import KubeSource
+
+if TYPE_CHECKING:
+    from meta.daemon.http import HealthServer
 
 log = logging.getLogger("plexus.daemon")
 
@@ -59,6 +62,8 @@ def run_daemon(config_path: str, node_name: str) -> int:
     server.bind()
     http: HealthServer | None = None
     if conf.metrics_port:
+        from meta.daemon.http import HealthServer  # asyncio: +1.4 MiB, only when serving
+
         http = HealthServer(conf.metrics_bind_address, conf.metrics_port, metrics, ready.is_set)
     serving = threading.Thread(target=server.serve_forever, name="socket", daemon=True)
     serving.start()

@@ -5,7 +5,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from cni.packages import skip_package_init
+
+# prometheus_client/__init__.py also imports its exposition module (http.server,
+# urllib.request, wsgiref: +1.5 MiB RSS); the daemon serves /metrics with its own
+# server and imports the exposition only when it does (meta/daemon/http.py).
+skip_package_init("prometheus_client")
+from prometheus_client.metrics import Counter, Gauge, Histogram  # noqa: E402
+from prometheus_client.registry import CollectorRegistry  # noqa: E402
 
 if TYPE_CHECKING:  # the store-backed daemon never loads the API client
     from meta.sources.kube import KubeSource

@@ -1,0 +1,30 @@
+"""What the node daemon loads at start: nothing only /metrics needs (docs/performance.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# Loaded only by the HTTP server for /healthz, /readyz and /metrics, or by a scrape.
+SERVING_ONLY = ("asyncio", "prometheus_client.exposition", "http.server", "wsgiref")
+
+
+def _modules_after(code: str) -> set[str]:
+    """sys.modules of a fresh interpreter after running `code`."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_the_daemon_without_a_metrics_port_loads_no_http_server() -> None:
+    loaded = _modules_after(
+        "import meta.daemon.main\nfrom meta.daemon.metrics import Metrics\nMetrics()"
+    )
+
+    assert "meta.daemon.main" in loaded
+    assert loaded.isdisjoint(SERVING_ONLY)
