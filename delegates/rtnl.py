@@ -174,14 +174,75 @@ NextHop = nh
 
 def encode(cls: Any, attrs: list[Any] | None = None, **fields: int) -> bytes:
     """The body (after the netlink header) of a `cls` message with header `fields` (the
-    others 0) and `attrs`, [(name, value)] as pyroute2 takes them, encoded by pyroute2."""
+    others 0) and `attrs`, [(name, value)] as pyroute2 takes them, encoded by pyroute2.
+
+    pyroute2 builds an object per attribute, nested level and header field on every
+    encode (docs/performance.md), and an ADD sends mostly what earlier ones sent (the
+    master's index, the pod's interface name, the link kind and mode), so the fixed part
+    and each attribute keep the bytes pyroute2 gave them, and only new ones are encoded,
+    together in one message. An attribute's encoding depends on its class, name and value
+    and on the message's `family` only (the one header field pyroute2's address
+    attributes read); the attributes follow the fixed part back to back, each padded to
+    4 bytes (tests/unit/delegates/test_rtnl_bytes.py holds the result for every request).
+    """
+    head = (cls, tuple(fields.items()))
+    fixed = _parts.get(head) or _keep(head, _encode(cls, [], fields))
+    if not attrs:
+        return fixed
+    family = fields.get("family", 0)
+    keys = [(cls, family, name, _frozen(value)) for name, value in attrs]
+    # one lookup per key: another thread's _keep may empty the table meanwhile
+    parts = {key: _parts.get(key) for key in keys}
+    new = {key: attr for key, attr in zip(keys, attrs, strict=True) if parts[key] is None}
+    if new:
+        body = _encode(cls, list(new.values()), {"family": family})
+        for key, (start, end) in zip(new, _attr_spans(body, _fixed_size(cls)), strict=True):
+            parts[key] = _keep(key, body[start:end])
+    return fixed + b"".join(parts[key] or b"" for key in keys)
+
+
+_PARTS_LIMIT = 1024  # parts kept; fresh names and addresses keep coming
+_parts: dict[tuple[Any, ...], bytes] = {}
+
+
+def _keep(key: tuple[Any, ...], part: bytes) -> bytes:
+    if len(_parts) >= _PARTS_LIMIT:
+        _parts.clear()
+    _parts[key] = part
+    return part
+
+
+def _attr_spans(data: bytes, offset: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each attribute in data[offset:], its padding included."""
+    while offset + ATTR.size <= len(data):
+        end = offset + ((ATTR.unpack_from(data, offset)[0] + 3) & ~3)
+        yield offset, end
+        offset = end
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable stand-in for an attribute value (nested dicts and lists, tagged)."""
+    if isinstance(value, dict):
+        return (dict, *((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (list, *(_frozen(v) for v in value))
+    return value
+
+
+def _encode(cls: Any, attrs: list[Any], fields: dict[str, int]) -> bytes:
     msg = cls()
     msg.header = None  # the netlink header is Rtnl's: sequence numbers are per socket
     for name, _ in cls.fields:
         msg[name] = fields.get(name, 0)
-    msg["attrs"] = attrs or []
+    msg["attrs"] = attrs
     msg.encode()
     return bytes(msg.data)
+
+
+@cache
+def _fixed_size(cls: Any) -> int:
+    """How many bytes pyroute2 encodes a `cls` message without attributes to."""
+    return len(_encode(cls, [], {}))
 
 
 def nested(*attrs: tuple[str, Any]) -> dict[str, Any]:
