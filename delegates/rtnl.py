@@ -179,25 +179,26 @@ def encode(cls: Any, attrs: list[Any] | None = None, **fields: int) -> bytes:
     pyroute2 builds an object per attribute, nested level and header field on every
     encode (docs/performance.md), and an ADD sends mostly what earlier ones sent (the
     master's index, the pod's interface name, the link kind and mode), so the fixed part
-    and each attribute keep the bytes pyroute2 gave them, and only new ones are encoded,
-    together in one message. An attribute's encoding depends on its class, name and value
-    and on the message's `family` only (the one header field pyroute2's address
-    attributes read); the attributes follow the fixed part back to back, each padded to
-    4 bytes (tests/unit/delegates/test_rtnl_bytes.py holds the result for every request).
+    and each attribute keep the bytes pyroute2 gave them, and only new attributes are
+    encoded, together. An attribute's encoding depends on its class, name and value (its
+    repr stands for it: str, int, dict and list values) and on the message's `family`
+    only (the one header field pyroute2's address attributes read); the attributes follow
+    the fixed part back to back, each padded to 4 bytes (tests/unit/delegates/
+    test_rtnl_bytes.py holds the result for every request shape).
     """
     head = (cls, tuple(fields.items()))
     fixed = _parts.get(head) or _keep(head, _encode(cls, [], fields))
     if not attrs:
         return fixed
     family = fields.get("family", 0)
-    keys = [(cls, family, name, _frozen(value)) for name, value in attrs]
+    keys = [(cls, family, name, repr(value)) for name, value in attrs]
     # one lookup per key: another thread's _keep may empty the table meanwhile
     parts = {key: _parts.get(key) for key in keys}
     new = {key: attr for key, attr in zip(keys, attrs, strict=True) if parts[key] is None}
     if new:
-        body = _encode(cls, list(new.values()), {"family": family})
-        for key, (start, end) in zip(new, _attr_spans(body, _fixed_size(cls)), strict=True):
-            parts[key] = _keep(key, body[start:end])
+        chain = _encode_attrs(cls, list(new.values()), family)
+        for key, (start, end) in zip(new, _attr_spans(chain), strict=True):
+            parts[key] = _keep(key, chain[start:end])
     return fixed + b"".join(parts[key] or b"" for key in keys)
 
 
@@ -212,37 +213,44 @@ def _keep(key: tuple[Any, ...], part: bytes) -> bytes:
     return part
 
 
-def _attr_spans(data: bytes, offset: int) -> Iterator[tuple[int, int]]:
-    """(start, end) of each attribute in data[offset:], its padding included."""
-    while offset + ATTR.size <= len(data):
-        end = offset + ((ATTR.unpack_from(data, offset)[0] + 3) & ~3)
-        yield offset, end
-        offset = end
-
-
-def _frozen(value: Any) -> Any:
-    """A hashable stand-in for an attribute value (nested dicts and lists, tagged)."""
-    if isinstance(value, dict):
-        return (dict, *((k, _frozen(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return (list, *(_frozen(v) for v in value))
-    return value
-
-
 def _encode(cls: Any, attrs: list[Any], fields: dict[str, int]) -> bytes:
-    msg = cls()
+    """pyroute2's encoding of a `cls` message, without the netlink header."""
+    return _run(cls(), cls.fields, attrs, fields)
+
+
+def _encode_attrs(cls: Any, attrs: list[Any], family: int) -> bytes:
+    """Only the attributes of such a message (of `family`), without its fixed part.
+
+    Writing the fixed fields is most of what encoding an attribute or two costs: pyroute2
+    looks each one up through its attribute accessors. The buffer starts with 4 unused
+    bytes, as pyroute2 gives an attribute a buffer of its own (`data or bytearray()`)
+    while its message's is still empty."""
+    msg = _attrs_only(cls)(data=bytearray(4), offset=4)
+    return _run(msg, cls.fields, attrs, {"family": family})[4:]
+
+
+@cache
+def _attrs_only(cls: Any) -> Any:
+    """`cls` with no fixed fields to write."""
+    return type(cls.__name__, (cls,), {"__slots__": (), "fields": ()})
+
+
+def _run(msg: Any, header: Any, attrs: list[Any], fields: dict[str, int]) -> bytes:
     msg.header = None  # the netlink header is Rtnl's: sequence numbers are per socket
-    for name, _ in cls.fields:
+    for name, _ in header:  # set even when not written: the classes' encode() reads some
         msg[name] = fields.get(name, 0)
     msg["attrs"] = attrs
     msg.encode()
     return bytes(msg.data)
 
 
-@cache
-def _fixed_size(cls: Any) -> int:
-    """How many bytes pyroute2 encodes a `cls` message without attributes to."""
-    return len(_encode(cls, [], {}))
+def _attr_spans(data: bytes) -> Iterator[tuple[int, int]]:
+    """(start, end) of each attribute in `data`, its padding included."""
+    offset = 0
+    while offset + ATTR.size <= len(data):
+        end = offset + ((ATTR.unpack_from(data, offset)[0] + 3) & ~3)
+        yield offset, end
+        offset = end
 
 
 def nested(*attrs: tuple[str, Any]) -> dict[str, Any]:
