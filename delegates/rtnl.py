@@ -1,7 +1,8 @@
 """rtnetlink for the delegates: pyroute2's message definitions over a socket Plexus owns.
 
 pyroute2 defines every message: its ifinfmsg, ifaddrmsg and rtmsg classes (SR-IOV VF
-attributes included) encode every request, and the replies are read with the attribute
+attributes included) encode every request (each fixed part and attribute once, its bytes
+kept for the next request that sends it: `encode`), and the replies are read with the attribute
 numbers and header layouts of the same classes. The socket, the framing, the sequence
 numbers and the wait for the kernel's ack are here, on a plain NETLINK_ROUTE socket in
 the calling thread: pyroute2's IPRoute runs an asyncio loop per socket (~1 ms to open,
