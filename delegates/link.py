@@ -187,6 +187,18 @@ def find_link(nl: Rtnl, name: str = "", index: int = 0) -> Link | None:
     return parse_link(msgs[0]) if msgs else None
 
 
+def link_index(name: str) -> int | None:
+    """The index of the link called `name` in the calling thread's namespace, or None.
+
+    For callers that need only the index: one SIOCGIFINDEX ioctl, which finds a link by
+    its name or an altname as RTM_GETLINK by IFLA_IFNAME does, with nothing to encode or
+    decode (docs/performance.md, "Netlink on pyroute2")."""
+    try:
+        return socket.if_nametoindex(name)
+    except (OSError, ValueError):  # no such link; a name with a NUL byte cannot be one
+        return None
+
+
 def links(nl: Rtnl) -> list[Link]:
     """Every link in the namespace."""
     return [parse_link(msg) for msg in nl.dump(RTM_GETLINK, link_body())]

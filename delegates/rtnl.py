@@ -1,7 +1,8 @@
 """rtnetlink for the delegates: pyroute2's message definitions over a socket Plexus owns.
 
 pyroute2 defines every message: its ifinfmsg, ifaddrmsg and rtmsg classes (SR-IOV VF
-attributes included) encode every request, and the replies are read with the attribute
+attributes included) encode every request (each fixed part and attribute once, its bytes
+kept for the next request that sends it: `encode`), and the replies are read with the attribute
 numbers and header layouts of the same classes. The socket, the framing, the sequence
 numbers and the wait for the kernel's ack are here, on a plain NETLINK_ROUTE socket in
 the calling thread: pyroute2's IPRoute runs an asyncio loop per socket (~1 ms to open,
@@ -174,14 +175,83 @@ NextHop = nh
 
 def encode(cls: Any, attrs: list[Any] | None = None, **fields: int) -> bytes:
     """The body (after the netlink header) of a `cls` message with header `fields` (the
-    others 0) and `attrs`, [(name, value)] as pyroute2 takes them, encoded by pyroute2."""
-    msg = cls()
+    others 0) and `attrs`, [(name, value)] as pyroute2 takes them, encoded by pyroute2.
+
+    pyroute2 builds an object per attribute, nested level and header field on every
+    encode (docs/performance.md), and an ADD sends mostly what earlier ones sent (the
+    master's index, the pod's interface name, the link kind and mode), so the fixed part
+    and each attribute keep the bytes pyroute2 gave them, and only new attributes are
+    encoded, together. An attribute's encoding depends on its class, name and value (its
+    repr stands for it: str, int, dict and list values) and on the message's `family`
+    only (the one header field pyroute2's address attributes read); the attributes follow
+    the fixed part back to back, each padded to 4 bytes (tests/unit/delegates/
+    test_rtnl_bytes.py holds the result for every request shape).
+    """
+    head = (cls, tuple(fields.items()))
+    fixed = _parts.get(head) or _keep(head, _encode(cls, [], fields))
+    if not attrs:
+        return fixed
+    family = fields.get("family", 0)
+    keys = [(cls, family, name, repr(value)) for name, value in attrs]
+    # one lookup per key: another thread's _keep may empty the table meanwhile
+    parts = {key: _parts.get(key) for key in keys}
+    new = {key: attr for key, attr in zip(keys, attrs, strict=True) if parts[key] is None}
+    if new:
+        chain = _encode_attrs(cls, list(new.values()), family)
+        for key, (start, end) in zip(new, _attr_spans(chain), strict=True):
+            parts[key] = _keep(key, chain[start:end])
+    return fixed + b"".join(parts[key] or b"" for key in keys)
+
+
+_PARTS_LIMIT = 1024  # parts kept; fresh names and addresses keep coming
+_parts: dict[tuple[Any, ...], bytes] = {}
+
+
+def _keep(key: tuple[Any, ...], part: bytes) -> bytes:
+    if len(_parts) >= _PARTS_LIMIT:
+        _parts.clear()
+    _parts[key] = part
+    return part
+
+
+def _encode(cls: Any, attrs: list[Any], fields: dict[str, int]) -> bytes:
+    """pyroute2's encoding of a `cls` message, without the netlink header."""
+    return _run(cls(), cls.fields, attrs, fields)
+
+
+def _encode_attrs(cls: Any, attrs: list[Any], family: int) -> bytes:
+    """Only the attributes of such a message (of `family`), without its fixed part.
+
+    Writing the fixed fields is most of what encoding an attribute or two costs: pyroute2
+    looks each one up through its attribute accessors. The buffer starts with 4 unused
+    bytes, as pyroute2 gives an attribute a buffer of its own (`data or bytearray()`)
+    while its message's is still empty."""
+    msg = _attrs_only(cls)(data=bytearray(4), offset=4)
+    return _run(msg, cls.fields, attrs, {"family": family})[4:]
+
+
+@cache
+def _attrs_only(cls: Any) -> Any:
+    """`cls` with no fixed fields to write."""
+    return type(cls.__name__, (cls,), {"__slots__": (), "fields": ()})
+
+
+def _run(msg: Any, header: Any, attrs: list[Any], fields: dict[str, int]) -> bytes:
     msg.header = None  # the netlink header is Rtnl's: sequence numbers are per socket
-    for name, _ in cls.fields:
+    for name, _ in header:  # set even when not written: the classes' encode() reads some
         msg[name] = fields.get(name, 0)
-    msg["attrs"] = attrs or []
+    msg["attrs"] = attrs
     msg.encode()
     return bytes(msg.data)
+
+
+def _attr_spans(data: bytes) -> Iterator[tuple[int, int]]:
+    """(start, end) of each attribute in `data`, its padding included."""
+    offset = 0
+    while offset + ATTR.size <= len(data):
+        end = offset + ((ATTR.unpack_from(data, offset)[0] + 3) & ~3)
+        yield offset, end
+        offset = end
 
 
 def nested(*attrs: tuple[str, Any]) -> dict[str, Any]:

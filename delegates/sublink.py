@@ -29,13 +29,13 @@ from cni.result import DNS, Interface, Result
 from cni.skel import STDIN
 from delegates import ipconfig
 from delegates.link import (
-    Link,
     create_child,
     default_route_link,
     delete_link,
     describe,
     fail,
     find_link,
+    link_index,
     netlink,
     netns_fd,
     set_link,
@@ -184,15 +184,20 @@ class SubLinkPlugin:
             return run_in_netns(args.netns, lambda: _with_netlink(fn))
         return _with_netlink(fn)
 
-    def master(self, nl: Rtnl, conf: LinkConf) -> Link:
-        """The master link (default: the default route's), after macvlan's MTU check."""
+    def master(self, nl: Rtnl, conf: LinkConf) -> int:
+        """The master's index (default: the default route's link), after macvlan's MTU
+        check, the one thing that needs more of the master than its index."""
         name = conf.master or default_route_link(nl)
-        master = find_link(nl, name)
-        if master is None:
+        if self.check_master_mtu and conf.mtu:
+            master = find_link(nl, name)
+            if master is not None and (conf.mtu < 0 or conf.mtu > master.mtu):
+                raise fail(f"invalid MTU {conf.mtu}, must be [0, master MTU({master.mtu})]")
+            index = master.index if master is not None else None
+        else:
+            index = link_index(name)
+        if index is None:
             raise fail(f'failed to lookup master "{name}": Link not found')
-        if self.check_master_mtu and (conf.mtu < 0 or conf.mtu > master.mtu):
-            raise fail(f"invalid MTU {conf.mtu}, must be [0, master MTU({master.mtu})]")
-        return master
+        return index
 
     def _create(self, nl: Rtnl, conf: LinkConf, args: CmdArgs, tmp: str) -> None:
         master = self.master(nl, conf)
@@ -203,7 +208,7 @@ class SubLinkPlugin:
                     nl,
                     self.kind,
                     tmp,
-                    master.index,
+                    master,
                     conf.mode,
                     netns=fd,
                     mtu=conf.mtu,

@@ -6,14 +6,21 @@ whose cost (measured as an exec of /bin/true) is subtracted; the in-process one 
 on a thread that enters the node namespace, as the daemon does.
 
     sudo .venv/bin/python3 -m tests.bench.bench_macvlan --runs 30
+
+`--against DIR` instead times only the in-process ADD, alternated ADD by ADD with the
+same ADD run by the code of another checkout (a worktree at DIR), so that both see the
+same load on a shared machine: one worker process per checkout, medians of --runs each.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -90,10 +97,69 @@ def measure(runs: int) -> dict[str, float]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _serve() -> None:
+    """A worker for --against: one in-process ADD per line read, its time (ms) printed."""
+    root = Path(tempfile.mkdtemp(prefix="plexus-bench-"))
+    bench = Bench(root)
+    try:
+        for _ in sys.stdin:
+            print(f"{_in_process_add(bench):.4f}", flush=True)
+    finally:
+        bench.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def against(other: Path, runs: int) -> tuple[float, float]:
+    """Medians (ms) of this checkout's in-process ADD and `other`'s, alternated."""
+    trees = (Path(__file__).resolve().parents[2], other.resolve())
+    workers = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--serve"],
+            cwd=tree,
+            env={**os.environ, "PYTHONPATH": str(tree)},  # the checkout's own packages
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for tree in trees
+    ]
+    samples: tuple[list[float], list[float]] = ([], [])
+    try:
+        for run in range(runs + 1):  # the first round warms both up
+            for k in (0, 1) if run % 2 else (1, 0):
+                stdin, stdout = workers[k].stdin, workers[k].stdout
+                assert stdin is not None and stdout is not None
+                stdin.write("\n")
+                stdin.flush()
+                took = float(stdout.readline())
+                if run:
+                    samples[k].append(took)
+    finally:
+        for worker in workers:
+            if worker.stdin is not None:
+                worker.stdin.close()
+            worker.wait()
+    return statistics.median(samples[0]), statistics.median(samples[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--against", type=Path, help="another checkout to alternate with")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        _serve()
+        return
+    if args.against:
+        load = os.getloadavg()[0]
+        mine, theirs = against(args.against, args.runs)
+        print(
+            f"in-process ADD, medians of {args.runs} alternated, load {load:.1f} -> "
+            f"{os.getloadavg()[0]:.1f}: this checkout {mine:.2f} ms, {args.against} "
+            f"{theirs:.2f} ms ({mine / theirs:.2f}x)"
+        )
+        return
     medians = measure(args.runs)
     reference = medians["reference macvlan binary"]
     print("| macvlan + host-local ADD | median (ms) | vs reference |\n|---|---|---|")

@@ -134,6 +134,21 @@ def test_missing_links_and_kernel_errors(pair: Pair) -> None:
     assert link.describe(info.value) == "file exists"
 
 
+def test_link_index_finds_what_getlink_by_name_finds(pair: Pair) -> None:
+    ip("-n", pair.host, "link", "property", "add", "dev", "up0", "altname", "plxalt0")
+
+    def both(nl: Rtnl, name: str) -> tuple[int | None, int | None]:
+        found = link.find_link(nl, name)
+        return link.link_index(name), found.index if found is not None else None
+
+    for name in ("up0", "plxalt0", "nosuch"):
+        index, want = pair.in_host(lambda nl, name=name: both(nl, name))  # type: ignore[misc]
+        assert index == want and (index is None) == (name == "nosuch"), name
+    # names no link can have (too long, a NUL byte); the calling thread's namespace only
+    assert pair.in_host(lambda nl: [link.link_index(n) for n in ("x" * 16, "up0\0")]) == [None] * 2
+    assert pair.in_pod(lambda nl: link.link_index("up0")) is None
+
+
 def test_addresses_and_routes(pair: Pair) -> None:
     pair.macvlan()
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cni.errors import CNIError
-from delegates import link, vf
+from delegates import link, rtnl, vf
 from delegates.rtnl import RTM_GETLINK, RTM_GETROUTE, RTM_NEWLINK, RTM_NEWROUTE, Rtnl
 
 EXPECTED = json.loads((Path(__file__).parent / "rtnl_requests.json").read_text())
@@ -136,12 +136,25 @@ CASES: dict[str, Callable[[Recorder], object]] = {
 }
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_request_bytes_are_the_struct_encoders(case: str) -> None:
+def _sent(case: str) -> list[list[object]]:
     nl = Recorder()
     with contextlib.suppress(CNIError):  # read_settings: the PF reports no VF
         CASES[case](nl)
-    assert nl.sent == EXPECTED[case]
+    return nl.sent
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_request_bytes_are_the_struct_encoders(case: str) -> None:
+    assert _sent(case) == EXPECTED[case]
+
+
+@pytest.mark.parametrize("limit", [1, 2, 1024])
+def test_remembered_parts_give_the_same_bytes(monkeypatch: pytest.MonkeyPatch, limit: int) -> None:
+    """Every request twice, its parts remembered or forgotten as the table fills up."""
+    monkeypatch.setattr(rtnl, "_PARTS_LIMIT", limit)
+    monkeypatch.setattr(rtnl, "_parts", {})
+    for case in [*CASES, *CASES]:
+        assert _sent(case) == EXPECTED[case], case
 
 
 def test_every_expected_request_has_a_case() -> None:
