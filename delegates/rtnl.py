@@ -15,30 +15,19 @@ Kernel errors are raised as OSError with the errno the kernel returned.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import struct
-import sys
 from collections.abc import Iterator
 from functools import cache
 from typing import Any, ClassVar
 
+from cni.packages import skip_package_init
 
-def _skip_package_init() -> None:
-    """Let `pyroute2.netlink...` import without running pyroute2/__init__.py.
-
-    That file only re-exports pyroute2's whole API (IPRoute, NDB, ...): importing it
-    costs +24 MiB RSS and ~4x the import time of the message modules this file uses
-    (docs/performance.md). An empty package module in its place is enough for them.
-    """
-    if "pyroute2" not in sys.modules:
-        spec = importlib.util.find_spec("pyroute2")
-        if spec is not None:
-            sys.modules["pyroute2"] = importlib.util.module_from_spec(spec)
-
-
-_skip_package_init()
+# pyroute2/__init__.py only re-exports its whole API (IPRoute, NDB, ...): importing it
+# costs +24 MiB RSS and ~4x the import time of the message modules used here
+# (docs/performance.md), so the package is entered without it.
+skip_package_init("pyroute2")
 # Every other module takes pyroute2's names from here, so this runs first.
 from pyroute2.netlink import (  # noqa: E402
     NLM_F_ACK,
