@@ -36,6 +36,7 @@ class CallScope:
         self.cancelled = ""
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen[bytes]] = set()
+        self._exec_watchers: list[threading.Event] = []
 
     def cancel(self, reason: str) -> None:
         with self._lock:
@@ -58,9 +59,18 @@ class CallScope:
                 ErrorCode.TRY_AGAIN_LATER, f"plugin {plugin_type} cancelled: {self.cancelled}"
             )
 
+    def watch_next_exec(self, event: threading.Event) -> None:
+        """Set `event` once this call's next plugin has been exec'd."""
+        with self._lock:
+            self._exec_watchers.append(event)
+
     @contextmanager
     def running(self, proc: subprocess.Popen[bytes], command: str) -> Iterator[None]:
         """While `proc` runs, a cancellation kills it (unless it is a rollback)."""
+        with self._lock:
+            watchers, self._exec_watchers = self._exec_watchers, []
+        for event in watchers:
+            event.set()
         if command in _ROLLBACK_VERBS:
             yield
             return

@@ -12,6 +12,11 @@ stays in order:
   network before it, in both lanes;
 - results, network-status and rollback follow the networks' order, whatever finished
   first; when one fails, networks not yet started are not started.
+
+The side lane starts once the calling thread's first plugin has been exec'd (or the
+calling thread has nothing to exec, or HEAD_START has passed): before that the two would
+take turns at the interpreter, and the exec'd default network, usually the longest of
+all, would start later.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
+from cni import callscope
 from cni.errors import CNIError
 from cni.result import Result
 from meta.delegate import Delegate
@@ -29,6 +35,9 @@ from meta.delegate import Delegate
 BESIDE = "beside"
 IN_ORDER = "in order"
 """The lanes, as `attach` is told (the engine logs them with each delegate's ADD)."""
+
+HEAD_START = 0.01
+"""Seconds at most that the side lane waits for the calling thread's first exec."""
 
 Attach = Callable[[Delegate, str], Result]
 
@@ -50,11 +59,13 @@ def attach_in_lanes(
 ) -> Outcome:
     """Run `attach` on every delegate; those `beside` says may run on the side lane do."""
     side = {i: Future[Result]() for i, d in enumerate(delegates) if beside(d)}
+    go = threading.Event()
     if side:
+        callscope.current().watch_next_exec(go)
         work = [(side[i], delegates[i]) for i in sorted(side)]
         context = contextvars.copy_context()  # the call's scope: timeouts, cancellation
         threading.Thread(
-            target=context.run, args=(_side_lane, work, attach), name="attach-side", daemon=True
+            target=context.run, args=(_side_lane, work, attach, go), name="attach-side", daemon=True
         ).start()
     done: dict[int, Result] = {}
     failed: dict[int, CNIError] = {}
@@ -63,6 +74,7 @@ def attach_in_lanes(
         if index in side:
             continue
         if delegate.links_in_pod:
+            go.set()
             wait([f for i, f in side.items() if i < index])
         if failed or _side_failed(side):
             break
@@ -71,6 +83,7 @@ def attach_in_lanes(
             done[index] = attach(delegate, IN_ORDER)
         except CNIError as exc:
             failed[index] = exc
+    go.set()
     for index, future in side.items():
         if (failed or _side_failed(side)) and future.cancel():
             continue
@@ -85,8 +98,12 @@ def attach_in_lanes(
     return Outcome([done[i] for i in range(len(delegates))], started)
 
 
-def _side_lane(work: list[tuple[Future[Result], Delegate]], attach: Attach) -> None:
-    """Attach each network in order; after a failure, cancel the rest."""
+def _side_lane(
+    work: list[tuple[Future[Result], Delegate]], attach: Attach, go: threading.Event
+) -> None:
+    """Once `go` is set (or HEAD_START has passed), attach each network in order; after
+    a failure, cancel the rest."""
+    go.wait(HEAD_START)
     failed = False
     for future, delegate in work:
         if failed:

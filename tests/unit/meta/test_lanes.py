@@ -8,11 +8,13 @@ is how these tests see two lanes overlap without measuring time.
 from __future__ import annotations
 
 import contextvars
+import subprocess
 import threading
 from collections.abc import Callable
 
 import pytest
 
+from cni import callscope
 from cni.errors import CNIError, ErrorCode
 from cni.result import Result
 from meta import lanes
@@ -79,6 +81,46 @@ def test_a_side_network_runs_while_the_exec_lane_is_busy() -> None:
     assert names(outcome.results) == ["eth0", "net1"]
     assert gate.is_set()
     assert attach.lanes == {"eth0": lanes.IN_ORDER, "net1": lanes.BESIDE}
+
+
+def test_the_side_lane_starts_once_the_calling_thread_has_exec_d_its_plugin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lanes, "HEAD_START", WAIT * 3)  # only the exec can start it
+    side_started = threading.Event()
+    seen: list[bool] = []
+
+    def attach(d: Delegate, lane: str) -> Result:
+        if d.network == "net1":
+            side_started.set()
+        if d.network == "eth0":
+            seen.append(side_started.is_set())
+            with subprocess.Popen(["true"]) as proc, callscope.current().running(proc, "ADD"):
+                seen.append(side_started.wait(WAIT))
+        return Attach()(d, lane)
+
+    with callscope.call_scope():
+        outcome = lanes.attach_in_lanes(
+            [delegate("eth0"), delegate("net1")], attach, beside_if("net1")
+        )
+
+    assert outcome.error is None
+    assert seen == [False, True]
+
+
+def test_without_an_exec_the_side_lane_starts_when_the_calling_thread_is_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lanes, "HEAD_START", WAIT * 3)
+    attach = Attach()
+
+    with callscope.call_scope():
+        outcome = lanes.attach_in_lanes(
+            [delegate("eth0"), delegate("net1"), delegate("net2")], attach, beside_if("net1")
+        )
+
+    assert outcome.error is None
+    assert attach.started == ["eth0", "net2", "net1"]
 
 
 def test_results_keep_the_networks_order_whatever_finishes_first() -> None:
