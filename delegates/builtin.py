@@ -9,7 +9,7 @@ CNI_PATH.
 
 `exec_types` covers IPAM types too: every hosted plugin gets the set as `ipam_exec`, and
 execs an IPAM listed there (e.g. "host-local") from CNI_PATH instead of running
-delegates.ipam's in-process one. The set travels with the
+delegates.ipam.dispatch's in-process one. The set travels with the
 plugin instance, so two executors with different settings never interfere.
 """
 

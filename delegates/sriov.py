@@ -257,7 +257,7 @@ class SriovPlugin:
         return ipconfig.attached_result(iface, conf.dns, ipc)
 
     def _ipam(self, conf: SriovConf, args: CmdArgs) -> Result:
-        from delegates.ipam import ipam_add
+        from delegates.ipam.dispatch import ipam_add
 
         result = ipam_add(conf.raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
         if not result.ips:
@@ -357,7 +357,7 @@ class SriovPlugin:
         if prev is None:
             raise fail("Required prevResult missing")
         if conf.ipam_type:
-            from delegates.ipam import ipam_check
+            from delegates.ipam.dispatch import ipam_check
 
             ipam_check(conf.raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
         mine = [i for i in prev.interfaces if i.name == args.ifname and i.sandbox == args.netns]
@@ -381,7 +381,7 @@ class SriovPlugin:
         """Ready whenever the plugin can run."""
 
     def _ipam_del(self, conf: SriovConf, args: CmdArgs) -> None:
-        from delegates.ipam import ipam_del
+        from delegates.ipam.dispatch import ipam_del
 
         ipam_del(conf.raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
 
@@ -389,7 +389,7 @@ class SriovPlugin:
         """Pass GC to IPAM; VFs are returned by DEL."""
         conf = load_conf(args.stdin)
         if conf.ipam_type:
-            from delegates.ipam import ipam_gc
+            from delegates.ipam.dispatch import ipam_gc
 
             ipam_gc(conf.raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
 

@@ -160,7 +160,7 @@ class SubLinkPlugin:
         """The IP config to apply: the IPAM result, or None for an L2-only link."""
         if not conf.ipam_type:
             return None
-        from delegates.ipam import ipam_add
+        from delegates.ipam.dispatch import ipam_add
 
         result = ipam_add(conf.raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
         if not result.ips:
@@ -170,7 +170,7 @@ class SubLinkPlugin:
 
     def _release(self, conf: LinkConf, args: CmdArgs) -> None:
         """Best-effort IPAM DEL after a failed ADD."""
-        from delegates.ipam import ipam_del
+        from delegates.ipam.dispatch import ipam_del
 
         _quietly(
             lambda: ipam_del(conf.raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
@@ -260,7 +260,7 @@ class SubLinkPlugin:
     def check(self, args: CmdArgs) -> None:
         conf = self.load(args, "CHECK")
         if conf.ipam_type:
-            from delegates.ipam import ipam_check
+            from delegates.ipam.dispatch import ipam_check
 
             ipam_check(conf.raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
         prev = conf.prev
@@ -301,7 +301,7 @@ class SubLinkPlugin:
         raw = decode_conf(args.stdin)
         ipam = go_field(raw, "ipam", dict, "types.IPAM")
         if go_field(ipam, "type", str, "string", "IPAM"):
-            from delegates.ipam import ipam_del
+            from delegates.ipam.dispatch import ipam_del
 
             ipam_del(raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
         if not args.netns:
@@ -318,7 +318,7 @@ class SubLinkPlugin:
         """Pass GC to IPAM; links need none (they go away with their namespaces)."""
         raw = decode_conf(args.stdin)
         if go_field(go_field(raw, "ipam", dict, "types.IPAM"), "type", str, "string", "IPAM"):
-            from delegates.ipam import ipam_gc
+            from delegates.ipam.dispatch import ipam_gc
 
             ipam_gc(raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
 

@@ -5,7 +5,7 @@ with the kernel: does each container's namespace still exist, does it hold each
 interface, with the addresses the cached result gave it? Results with no record are
 listed too, and so are unreadable state files and host-local leases (in the ranges
 Plexus allocates from, see meta/ranges.py) held by a container Plexus has no record of:
-leaked IPs, which GC releases (`unowned_leases` is what both use). Nothing is changed;
+leaked IPs, which GC releases (meta.ranges.unowned_leases is what both use). Nothing is changed;
 every problem line says what would fix it.
 """
 
@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cni.cache import CacheEntry, ResultCache
 from cni.errors import CNIError
-from delegates.ipam.store import leases
 from delegates.link import addresses, links, netlink
 from delegates.netns import netns_exists, run_in_netns
 from meta.config import MetaConfig
 from meta.delegate import Delegate
-from meta.ranges import RangeLedger, host_local_ranges
+from meta.ranges import Lease, unowned_leases
 from meta.records import AttachmentRecord, RecordStore
 
 Live = dict[str, list[str]]  # ifname -> addresses (CIDR) in a namespace
@@ -50,15 +48,6 @@ class ContainerState:
     netns_exists: bool
     interfaces: list[InterfaceState]
     problems: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Lease:
-    data_dir: str
-    network: str
-    ip: str
-    container_id: str
-    ifname: str
 
 
 @dataclass
@@ -169,23 +158,6 @@ def inspect_node(conf: MetaConfig) -> NodeReport:
         unowned_leases(conf, records, bad_records),
         unreadable,
     )
-
-
-def unowned_leases(
-    conf: MetaConfig, records: list[AttachmentRecord], accounted: Collection[str] = ()
-) -> list[Lease]:
-    """Leases in the ranges Plexus allocates from (noted ones, the config's, the records')
-    held by containers that neither a record nor `accounted` (container IDs) owns."""
-    ranges = RangeLedger(conf.cni_dir).all() | host_local_ranges(
-        [*conf.delegates, *(d.config for r in records for d in r.delegates)]
-    )
-    owners = {r.container_id for r in records} | set(accounted)
-    return [
-        Lease(data_dir, network, ip, cid, ifname)
-        for data_dir in sorted({d for d, _ in ranges})
-        for network, ip, cid, ifname in leases(data_dir)
-        if (data_dir, network) in ranges and cid not in owners
-    ]
 
 
 def to_json(report: NodeReport) -> str:

@@ -23,9 +23,8 @@ from delegates.netns import netns_exists
 from meta import deviceinfo, routes
 from meta.config import MetaConfig
 from meta.delegate import Delegate
-from meta.inspection import unowned_leases
 from meta.locks import ContainerLocks, file_lock, remove_lock_file
-from meta.ranges import RangeLedger
+from meta.ranges import RangeLedger, unowned_leases
 from meta.records import AttachmentRecord, RecordStore
 
 READINESS_WAIT_SECONDS = 10.0

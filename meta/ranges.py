@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cni.errors import CNIError, ErrorCode
 from cni.fileio import write_atomic
-from delegates.ipam.store import DEFAULT_DATA_DIR
+from delegates.ipam.store import DEFAULT_DATA_DIR, leases
+from meta.config import MetaConfig
+from meta.records import AttachmentRecord
 
 Range = tuple[str, str]  # (host-local data dir, network name): the dir <data dir>/<network>
 
@@ -72,3 +75,31 @@ class RangeLedger:
             except (OSError, ValueError, KeyError, TypeError):
                 continue
         return found
+
+
+@dataclass
+class Lease:
+    """One host-local reservation: an IP of a range held by a container's interface."""
+
+    data_dir: str
+    network: str
+    ip: str
+    container_id: str
+    ifname: str
+
+
+def unowned_leases(
+    conf: MetaConfig, records: list[AttachmentRecord], accounted: Collection[str] = ()
+) -> list[Lease]:
+    """Leases in the ranges Plexus allocates from (noted ones, the config's, the records')
+    held by containers that neither a record nor `accounted` (container IDs) owns."""
+    ranges = RangeLedger(conf.cni_dir).all() | host_local_ranges(
+        [*conf.delegates, *(d.config for r in records for d in r.delegates)]
+    )
+    owners = {r.container_id for r in records} | set(accounted)
+    return [
+        Lease(data_dir, network, ip, cid, ifname)
+        for data_dir in sorted({d for d, _ in ranges})
+        for network, ip, cid, ifname in leases(data_dir)
+        if (data_dir, network) in ranges and cid not in owners
+    ]

@@ -10,13 +10,15 @@ import ipaddress
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cni.errors import CNIError, ErrorCode
 from cni.result import Result, Route
-from delegates import link
 from delegates.netns import run_in_netns
-from delegates.rtnl import Rtnl
 from meta.delegate import Delegate
+
+if TYPE_CHECKING:
+    from delegates.rtnl import Rtnl
 
 _DEFAULT = {4: ipaddress.ip_network("0.0.0.0/0"), 6: ipaddress.ip_network("::/0")}
 _FAMILY = {4: socket.AF_INET, 6: socket.AF_INET6}
@@ -67,6 +69,8 @@ def apply_to_netns(netns: str, plan: RoutePlan) -> None:
 
 
 def _apply(plan: RoutePlan) -> None:
+    from delegates import link  # netlink (pyroute2: ~1.8 MiB) loads with its first use
+
     with link.netlink() as nl:
         for ifname, families in plan.strip.items():
             index = _link_index(nl, ifname)
@@ -80,6 +84,8 @@ def _apply(plan: RoutePlan) -> None:
 
 
 def _link_index(nl: Rtnl, ifname: str) -> int:
+    from delegates import link
+
     found = link.find_link(nl, ifname)
     if found is None:
         raise CNIError(ErrorCode.IO_FAILURE, f"default-route: interface {ifname} not found in pod")

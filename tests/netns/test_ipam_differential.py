@@ -27,7 +27,7 @@ import pytest
 from cni.env import CmdArgs, parse_cni_args
 from cni.errors import CNIError
 from cni.skel import UNEXPECTED_ERROR
-from delegates.ipam import ipam_add, ipam_check, ipam_del
+from delegates.ipam.dispatch import ipam_add, ipam_check, ipam_del
 
 REFERENCE = Path("/usr/lib/cni")
 DATA = "@DATA"  # replaced by each side's own data dir

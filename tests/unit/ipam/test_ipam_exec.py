@@ -11,7 +11,14 @@ import pytest
 
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
-from delegates.ipam import IN_PROCESS, ipam_add, ipam_check, ipam_del, ipam_gc, runs_in_process
+from delegates.ipam.dispatch import (
+    IN_PROCESS,
+    ipam_add,
+    ipam_check,
+    ipam_del,
+    ipam_gc,
+    runs_in_process,
+)
 
 # Logs each call; ADD answers with a 0.2.0 result (converted by the caller), FAIL=1 fails.
 PLUGIN = """\

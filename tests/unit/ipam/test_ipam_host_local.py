@@ -10,8 +10,8 @@ import pytest
 
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
-from delegates.ipam import ipam_add, ipam_check, ipam_del, ipam_gc
 from delegates.ipam.common import CHECK_FAILED
+from delegates.ipam.dispatch import ipam_add, ipam_check, ipam_del, ipam_gc
 
 
 def cmd(cid: str = "c1", ifname: str = "eth0", args: tuple[tuple[str, str], ...] = ()) -> CmdArgs:

@@ -8,8 +8,8 @@ import pytest
 
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
-from delegates.ipam import ipam_add, ipam_check, ipam_del
 from delegates.ipam.common import CHECK_FAILED
+from delegates.ipam.dispatch import ipam_add, ipam_check, ipam_del
 
 
 def cmd(args: tuple[tuple[str, str], ...] = ()) -> CmdArgs:

@@ -1,4 +1,5 @@
-"""What the node daemon loads at start: nothing only /metrics needs (docs/performance.md)."""
+"""What the node daemon loads at start: nothing only /metrics or an in-process delegate
+needs (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sys
 
 # Loaded only by the HTTP server for /healthz, /readyz and /metrics, or by a scrape.
 SERVING_ONLY = ("asyncio", "prometheus_client.exposition", "http.server", "wsgiref")
+# Loaded by the first in-process delegate (or default-route change): netlink and IPAM.
+DELEGATES_ONLY = ("pyroute2", "delegates.rtnl", "delegates.link", "delegates.ipam.host_local")
 
 
 def _modules_after(code: str) -> set[str]:
@@ -28,3 +31,15 @@ def test_the_daemon_without_a_metrics_port_loads_no_http_server() -> None:
 
     assert "meta.daemon.main" in loaded
     assert loaded.isdisjoint(SERVING_ONLY)
+
+
+def test_the_daemon_loads_netlink_and_in_process_ipam_with_their_first_use() -> None:
+    loaded = _modules_after("import meta.daemon.main\nimport meta.engine")
+
+    assert "meta.engine" in loaded
+    assert loaded.isdisjoint(DELEGATES_ONLY)
+
+    # The names are real: the macvlan plugin and its IPAM load them all.
+    assert set(DELEGATES_ONLY) <= _modules_after(
+        "import delegates.macvlan, delegates.ipam.dispatch"
+    )
