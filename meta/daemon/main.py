@@ -37,7 +37,7 @@ def run_daemon(config_path: str, node_name: str) -> int:
     """Serve until SIGTERM/SIGINT, then drain in-flight calls and clean up."""
     _one_malloc_arena()
     conf = load_daemon_config(config_path)
-    logs.configure(conf.log_level, conf.log_file, conf.log_to_stderr)
+    logs.configure(conf.log_level, conf.log_file, conf.log_to_stderr, background=True)
     metrics = Metrics()
     logging.getLogger(logs.LOGGER_NAME).addHandler(metrics.step_handler())
     source = source_for(conf, node_name, daemon=True, backlog=conf.api_write_backlog)

@@ -1,7 +1,9 @@
 """The daemon's background writer: API writes that must not hold a CNI call.
 
 Events always go here; a network-status write comes here when the ADD's own bounded
-attempt did not finish. One thread sends them in order (statuses first), back to back
+attempt did not finish. An event waits EVENT_DELAY before it goes, so the call that
+queued it answers without sharing the interpreter with its sending (measured: ~1 ms of a
+one-secondary ADD). One thread sends them in order (statuses first), back to back
 over the API client's kept-alive connection, and retries with backoff while the API
 server is away. A pod's status writes coalesce (the latest value wins). At most
 `capacity` writes wait: past that a new event is dropped, and a status write evicts the
@@ -26,6 +28,7 @@ log = logging.getLogger("plexus.kube")
 
 RETRY_FOR_SECONDS = 300.0
 MAX_BACKOFF_SECONDS = 10.0
+EVENT_DELAY = 0.05
 
 
 @dataclass(eq=False)
@@ -36,6 +39,7 @@ class Write:
     what: str  # for logs: "network-status of ns/name"
     send: Callable[[float], None]
     deadline: float = field(default_factory=lambda: time.monotonic() + RETRY_FOR_SECONDS)
+    not_before: float = 0.0  # monotonic time before which it is not sent
 
 
 def retriable(exc: Exception) -> bool:
@@ -109,6 +113,7 @@ class BackgroundWriter:
             if len(self._statuses) + len(self._events) >= self.capacity:
                 self._drop(write, "full")
                 return
+            write.not_before = time.monotonic() + EVENT_DELAY
             self._events.append(write)
             self._cond.notify()
 
@@ -151,6 +156,10 @@ class BackgroundWriter:
                 if self._stopped:
                     return
                 write = next(iter(self._statuses.values()), None) or self._events[0]
+                early = write.not_before - time.monotonic()
+                if early > 0:
+                    self._cond.wait(early)  # a status write or stop() wakes it sooner
+                    continue
             if time.monotonic() > write.deadline:
                 self._done(write, "expired")
                 continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,34 @@ def test_step_logger_names_the_cni_error_code(caplog: pytest.LogCaptureFixture) 
 )
 def test_call_fields(container_id: str, args: dict[str, str], expected: dict[str, str]) -> None:
     assert call_fields(container_id, args) == expected
+
+
+def test_in_the_background_lines_are_formatted_and_written_off_the_callers_thread(
+    plexus_logger: logging.Logger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    formatted_on: list[str] = []
+    format_line = logs.JSONFormatter.format
+
+    def recording(self: logs.JSONFormatter, record: logging.LogRecord) -> str:
+        formatted_on.append(threading.current_thread().name)
+        return format_line(self, record)
+
+    monkeypatch.setattr(logs.JSONFormatter, "format", recording)
+    log_file = tmp_path / "plexus.log"
+    logs.configure("info", str(log_file), to_stderr=False, background=True)
+    with pytest.raises(CNIError), StepLogger("engine", cid="c1").step("a step", n=1) as fields:
+        fields["ips"] = ["10.0.0.2"]
+        raise CNIError(ErrorCode.IO_FAILURE, "it broke")
+    logging.getLogger(f"{LOGGER_NAME}.engine").info("after", extra={"cid": "c1"})
+    logs.configure("info", str(log_file), to_stderr=False)  # writes out what is queued
+
+    step, after = _lines(log_file)
+    assert (step["msg"], step["cid"], step["n"], step["ips"], step["code"]) == (
+        "a step",
+        "c1",
+        1,
+        ["10.0.0.2"],
+        ErrorCode.IO_FAILURE,
+    )
+    assert (after["msg"], after["cid"]) == ("after", "c1")
+    assert threading.current_thread().name not in formatted_on and len(formatted_on) == 2

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from meta.sources import writes
 from meta.sources.kubeapi import APIError
 from meta.sources.writes import BackgroundWriter, Write
 
@@ -60,6 +61,18 @@ def test_statuses_go_first_then_events_in_order(writer: BackgroundWriter) -> Non
     writer.start()
     _wait(lambda: writer.depth() == 0)
     assert sent == ["s", "e1", "e2"]
+
+
+def test_an_event_waits_its_delay_and_a_status_queued_meanwhile_goes_first(
+    writer: BackgroundWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writes, "EVENT_DELAY", 60.0)  # longer than this test
+    sent: list[str] = []
+    writer.start()
+    writer.put_event(_write("event", sent, "e"))
+    writer.put_status(("ns", "p"), _write("status", sent, "s"))
+    _wait(lambda: writer.depth() == 1)
+    assert sent == ["s"]  # the event still waits
 
 
 def test_full_queue_drops_events_and_a_status_evicts_the_newest_event(
