@@ -12,11 +12,9 @@ kube-scheduler), which `stop_controllers()` ends again.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -107,13 +105,10 @@ def free_ports(count: int) -> list[int]:
         return [int(s.getsockname()[1]) for s in socks]
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGKILL when the test process dies, so nothing outlives it."""
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+DIE_WITH_PARENT = ["setpriv", "--pdeathsig", "KILL", "--"]
+"""Exec through this: SIGKILL when the test process dies, so nothing outlives it. Not a
+preexec_fn: forking without vfork in a process running grpc's threads (the DRA tests)
+now and then aborted the child before its exec (seen once with kube-scheduler)."""
 
 
 class _Pki:
@@ -280,12 +275,11 @@ class Cluster:
         self.logs[name] = log
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [str(binary(name)), *args],
+                [*DIE_WITH_PARENT, str(binary(name)), *args],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self.root,
-                preexec_fn=_die_with_parent,
             )
         self.procs[name] = proc
         return proc
