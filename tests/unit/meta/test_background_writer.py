@@ -70,9 +70,11 @@ def test_an_event_waits_its_delay_and_a_status_queued_meanwhile_goes_first(
     sent: list[str] = []
     writer.start()
     writer.put_event(_write("event", sent, "e"))
+    time.sleep(0.2)  # ample for the writer to wake: without the delay, "e" would be sent
+    assert sent == []
     writer.put_status(("ns", "p"), _write("status", sent, "s"))
-    _wait(lambda: writer.depth() == 1)
-    assert sent == ["s"]  # the event still waits
+    _wait(lambda: sent == ["s"])
+    assert writer.depth() == 1  # the event still waits
 
 
 def test_full_queue_drops_events_and_a_status_evicts_the_newest_event(
