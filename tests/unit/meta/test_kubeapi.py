@@ -1,0 +1,118 @@
+"""meta/sources/kubeapi.py's transport: kept-alive connections, their loss, bounds, watches.
+
+Against a FAKE API server (http.server on loopback, HTTP/1.1): these are the connection
+behaviours a real kube-apiserver cannot be made to show on demand; the cluster tier
+runs the same client against a real one.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from meta.sources.kubeapi import APIError, KubeAPI
+from tests.unit.meta.test_kubeconfig import write_kubeconfig
+
+
+class FakeAPIServer(BaseHTTPRequestHandler):
+    """FAKE: answers `{"port": <client port>}`; /drop closes the connection after its
+    answer without saying so; /hang answers only once the test ends; /missing is a 404;
+    /watch streams two events in three chunks."""
+
+    protocol_version = "HTTP/1.1"
+    release = threading.Event()
+    tokens: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.tokens.append(self.headers.get("Authorization", ""))
+        if self.path == "/hang":
+            self.release.wait(10)
+        if self.path == "/watch":
+            self._chunked([b'{"type": "ADDED", "n"', b': 1}\n{"type": "MODIFIED",', b' "n": 2}\n'])
+            return
+        status = 404 if self.path == "/missing" else 200
+        body = json.dumps({"port": self.client_address[1]}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = self.path == "/drop"
+
+    def _chunked(self, chunks: list[bytes]) -> None:
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for chunk in chunks:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            self.wfile.flush()
+            time.sleep(0.01)
+        self.wfile.write(b"0\r\n\r\n")
+        self.close_connection = True
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[KubeAPI]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeAPIServer)
+    server.daemon_threads = True
+    FakeAPIServer.release.clear()
+    FakeAPIServer.tokens.clear()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    config = write_kubeconfig(
+        tmp_path / "kubeconfig",
+        {"server": f"http://127.0.0.1:{server.server_address[1]}"},
+        {"token": "secret"},
+    )
+    try:
+        yield KubeAPI(config)
+    finally:
+        FakeAPIServer.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_requests_share_one_kept_alive_connection(api: KubeAPI) -> None:
+    first, second = api.request("GET", "/a"), api.request("GET", "/b")
+
+    assert first["port"] == second["port"]
+    assert FakeAPIServer.tokens == ["Bearer secret", "Bearer secret"]
+
+
+def test_a_connection_the_server_closed_is_replaced_not_failed(api: KubeAPI) -> None:
+    dropped = api.request("GET", "/drop")
+    time.sleep(0.1)  # the server's close has reached us
+
+    assert api.request("GET", "/after")["port"] != dropped["port"]
+
+
+def test_a_server_that_does_not_answer_fails_within_the_bound(api: KubeAPI) -> None:
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match="timed out"):
+        api.request("GET", "/hang", timeout=0.3)
+
+    assert time.monotonic() - started < 2
+    assert api.request("GET", "/next")["port"]  # the stuck connection was not kept
+
+
+def test_a_non_2xx_answer_is_an_api_error_with_its_status(api: KubeAPI) -> None:
+    with pytest.raises(APIError) as err:
+        api.request("GET", "/missing")
+
+    assert err.value.status == 404
+    assert api.request("GET", "/next")["port"]
+
+
+def test_a_watch_yields_each_line_of_a_chunked_stream(api: KubeAPI) -> None:
+    events = list(api.watch("/watch", 5))
+
+    assert events == [{"type": "ADDED", "n": 1}, {"type": "MODIFIED", "n": 2}]
