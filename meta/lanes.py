@@ -6,7 +6,7 @@ hangs from and their IPAM's state (locked per network), so they run, in order, o
 thread of the call's own while the exec'd plugins (the default network, third-party
 secondaries) run in order on the calling thread. A call's side lane has its thread to
 itself, so a delegate that hangs holds up only its own pod; threads are reused
-(`SideThreads`: handing work to an idle one costs ~30 us, starting one ~0.4 ms).
+(meta/threads.py).
 What depends on order stays in order:
 - a network whose plugins are not all in-process keeps its place in the sequence;
 - one that names a link inside the pod (`linkInContainer`) first waits for every
@@ -23,7 +23,6 @@ all, would start later.
 from __future__ import annotations
 
 import contextvars
-import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
@@ -33,6 +32,7 @@ from cni import callscope
 from cni.errors import CNIError
 from cni.result import Result
 from meta.delegate import Delegate
+from meta.threads import ReusedThreads
 
 BESIDE = "beside"
 IN_ORDER = "in order"
@@ -98,40 +98,7 @@ def attach_in_lanes(
     return Outcome([done[i] for i in range(len(delegates))], started)
 
 
-class SideThreads:
-    """Threads for side lanes: each runs one lane at a time; an idle one is reused, else
-    a new one starts (nobody waits for a thread). At most `keep_idle` wait for work;
-    past that, a thread whose lane is done ends."""
-
-    def __init__(self, keep_idle: int) -> None:
-        self.keep_idle = keep_idle
-        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
-        self._lock = threading.Lock()
-
-    def idle(self) -> int:
-        with self._lock:
-            return len(self._idle)
-
-    def run(self, lane: Callable[[], None]) -> None:
-        with self._lock:
-            inbox = self._idle.pop() if self._idle else None
-        if inbox is None:
-            inbox = queue.SimpleQueue()
-            threading.Thread(
-                target=self._serve, args=(inbox,), name="attach-side", daemon=True
-            ).start()
-        inbox.put(lane)
-
-    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
-        while True:
-            inbox.get()()  # _side_lane: it hands every failure to its futures
-            with self._lock:
-                if len(self._idle) >= self.keep_idle:
-                    return
-                self._idle.append(inbox)
-
-
-_threads = SideThreads(keep_idle=16)
+_threads = ReusedThreads("attach-side", keep_idle=16)
 
 
 def _side_lane(

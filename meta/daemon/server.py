@@ -1,14 +1,16 @@
 """The unix-socket server the shim talks to.
 
-Each connection carries one CNI call (see protocol.py), read on its own thread within
-one deadline for the whole request, so an idle or trickling client holds nothing but
-its thread. Only then does the call wait for one of `max_concurrent_requests` worker
-slots. While it runs, a vanished shim (the runtime gave up on the call) cancels it.
+Each connection carries one CNI call (see protocol.py), read on a thread of its own
+(reused: meta/threads.py) within one deadline for the whole request, so an idle or
+trickling client holds nothing but its thread. Only then does the call wait for one of
+`max_concurrent_requests` worker slots. While it runs, a vanished shim (the runtime gave
+up on the call) cancels it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -24,11 +26,14 @@ from cni.errors import CNIError, ErrorCode
 from meta.daemon import protocol
 from meta.daemon.metrics import Metrics
 from meta.plugin import MetaPlugin
+from meta.threads import ReusedThreads
 
 log = logging.getLogger("plexus.daemon")
 
 REQUEST_DEADLINE = 10.0
 """Seconds for a whole request to arrive; the shim sends it in one write."""
+IDLE_CALL_THREADS = 16
+"""Threads kept waiting for the next connection once their call is done."""
 
 
 class SocketServer:
@@ -41,8 +46,9 @@ class SocketServer:
         self.plugin = plugin
         self.metrics = metrics
         self._slots = threading.BoundedSemaphore(max_concurrent)
-        self._workers: set[threading.Thread] = set()
-        self._lock = threading.Lock()
+        self._threads = ReusedThreads("cni-call", IDLE_CALL_THREADS)
+        self._open = 0  # connections accepted and not yet done with
+        self._closed = threading.Condition()
         self._stopping = threading.Event()
         self._drained = threading.Event()
         self._hangups = HangupWatch()
@@ -75,10 +81,9 @@ class SocketServer:
                 if self._stopping.is_set():
                     break
                 raise
-            worker = threading.Thread(target=self._serve_one, args=(conn,), daemon=True)
-            with self._lock:
-                self._workers.add(worker)
-            worker.start()
+            with self._closed:
+                self._open += 1
+            self._threads.run(functools.partial(self._serve_one, conn))
         self._sock.close()
         self._drained.set()
 
@@ -92,10 +97,8 @@ class SocketServer:
             # accept() still returns the connections queued before this, then fails.
             self._sock.shutdown(socket.SHUT_RDWR)
             self._drained.wait(grace)
-        with self._lock:
-            workers = list(self._workers)
-        for worker in workers:
-            worker.join(max(0.0, deadline - time.monotonic()))
+        with self._closed:
+            self._closed.wait_for(lambda: self._open == 0, max(0.0, deadline - time.monotonic()))
 
     def _unlink_if_ours(self) -> None:
         """Remove the socket file unless a newer daemon (an upgrade surging beside this
@@ -131,8 +134,9 @@ class SocketServer:
                         "shim went away before the answer", extra={"verb": verb, "error": str(exc)}
                     )
         finally:
-            with self._lock:
-                self._workers.discard(threading.current_thread())
+            with self._closed:
+                self._open -= 1
+                self._closed.notify_all()
 
     def _call(self, conn: socket.socket, request: protocol.Request) -> tuple[int, bytes, str]:
         verb = request.env.get("CNI_COMMAND", "unknown")

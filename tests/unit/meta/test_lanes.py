@@ -291,33 +291,3 @@ def test_hung_side_networks_of_other_pods_do_not_hold_up_this_one() -> None:
         gate.set()
         for call in [*calls, this]:
             call.join(WAIT)
-
-
-def test_side_threads_are_reused_and_a_busy_one_is_never_waited_for() -> None:
-    threads = lanes.SideThreads(keep_idle=1)
-    ran_on: list[int] = []
-    done = threading.Semaphore(0)
-    hold = threading.Event()
-
-    def lane() -> None:
-        ran_on.append(threading.get_ident())
-        done.release()
-
-    threads.run(lane)
-    assert done.acquire(timeout=WAIT)
-    for _ in range(int(WAIT * 100)):  # the thread files itself as idle after its lane
-        if threads.idle() == 1:
-            break
-        threading.Event().wait(0.01)
-
-    def held() -> None:
-        hold.wait(WAIT)
-        lane()
-
-    threads.run(held)  # takes the idle thread
-    threads.run(lane)  # none idle: a new thread, not a wait for the held one
-    assert done.acquire(timeout=WAIT)
-    hold.set()
-    assert done.acquire(timeout=WAIT)
-    first, new, reused = ran_on
-    assert reused == first and new != first
