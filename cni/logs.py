@@ -78,6 +78,31 @@ class _Handoff(logging.handlers.QueueHandler):
         return record
 
 
+WRITE_DELAY = 0.05
+"""How long the background thread lets a call's first line wait before it formats it and
+the lines logged after it: a call then answers without sharing the interpreter with the
+formatting of its own lines."""
+
+
+class _DelayedListener(logging.handlers.QueueListener):
+    """Writes what is queued in batches: a record that arrives on an empty queue waits
+    WRITE_DELAY, and everything queued meanwhile is written right after it."""
+
+    def __init__(
+        self, records: queue.SimpleQueue[logging.LogRecord], *handlers: logging.Handler
+    ) -> None:
+        super().__init__(records, *handlers)
+        self._records = records
+
+    def dequeue(self, block: bool) -> logging.LogRecord:
+        try:
+            return self._records.get_nowait()
+        except queue.Empty:
+            record = self._records.get(block)
+            time.sleep(WRITE_DELAY)
+            return record
+
+
 _listener: logging.handlers.QueueListener | None = None
 
 
@@ -124,7 +149,7 @@ def configure(
             old.close()
     if background:
         records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-        _listener = logging.handlers.QueueListener(records, *handlers)
+        _listener = _DelayedListener(records, *handlers)
         _listener.start()
         root.addHandler(_Handoff(records))
     else:
