@@ -169,3 +169,24 @@ def test_in_the_background_lines_are_formatted_and_written_off_the_callers_threa
     )
     assert (after["msg"], after["cid"]) == ("after", "c1")
     assert threading.current_thread().name not in formatted_on and len(formatted_on) == 2
+
+
+def test_in_the_background_a_calls_lines_wait_and_are_written_together(
+    plexus_logger: logging.Logger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logs, "WRITE_DELAY", 0.5)
+    log_file = tmp_path / "plexus.log"
+    logs.configure("info", str(log_file), to_stderr=False, background=True)
+    log = StepLogger("engine", cid="c1")
+    log.info("first")
+    log.info("second")
+    threading.Event().wait(0.2)
+    waiting = log_file.read_text()
+    for _ in range(100):
+        if len(_lines(log_file)) == 2:
+            break
+        threading.Event().wait(0.05)
+    logs.configure("info", str(log_file), to_stderr=False)
+
+    assert waiting == ""  # nothing written within the delay
+    assert [line["msg"] for line in _lines(log_file)] == ["first", "second"]
