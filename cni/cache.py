@@ -12,7 +12,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BeforeValidator, Field, ValidationError
 
 from cni.errors import CNIError, ErrorCode
-from cni.fileio import write_atomic
+from cni.fileio import PendingSync, start_write, write_atomic
 from cni.logs import StepLogger
 from cni.models import WireModel, validation_details
 
@@ -92,18 +92,31 @@ class ResultCache:
         return self.results_dir / name
 
     def save(self, entry: CacheEntry) -> None:
-        """Atomically write an entry (directories 0700, file 0600)."""
-        target = self.path(entry.network_name, entry.container_id, entry.ifname)
+        """Atomically write an entry (directories 0700, file 0600), not fsync'd."""
+        target = self._prepare(entry)
         try:
-            self.cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self.results_dir.mkdir(mode=0o700, exist_ok=True)
-            # Atomic, not fsync'd here: the meta-plugin makes all of one ADD's files
-            # durable in one pass before it returns (Node.make_durable).
             write_atomic(target, entry.to_json())
         except OSError as err:
             raise CNIError(
                 ErrorCode.IO_FAILURE, f"cannot write CNI cache file {target}", str(err)
             ) from None
+
+    def start_save(self, entry: CacheEntry) -> PendingSync:
+        """save(), off the calling thread (fileio.start_write): the entry is in place once
+        wait() returns; it raises the OSError of a failed write."""
+        return start_write(self._prepare(entry), entry.to_json())
+
+    def _prepare(self, entry: CacheEntry) -> Path:
+        """The entry's file, its directories made."""
+        target = self.path(entry.network_name, entry.container_id, entry.ifname)
+        try:
+            self.cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.results_dir.mkdir(mode=0o700, exist_ok=True)
+        except OSError as err:
+            raise CNIError(
+                ErrorCode.IO_FAILURE, f"cannot write CNI cache file {target}", str(err)
+            ) from None
+        return target
 
     def load(self, network_name: str, container_id: str, ifname: str) -> CacheEntry | None:
         """The entry, or None if there is none; CNIError if it cannot be read or parsed."""

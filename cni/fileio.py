@@ -7,7 +7,7 @@ import contextlib
 import functools
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -59,20 +59,41 @@ class PendingSync:
             job.result()
 
 
-def start_sync(paths: Iterable[str | Path]) -> PendingSync:
-    """Start fsyncing each file that exists and each of their directories, all at once.
+def start_sync(paths: Iterable[str | Path], after: Iterable[PendingSync] = ()) -> PendingSync:
+    """Start fsyncing each file that exists and each of their directories, all at once,
+    once the writes `after` are done (their errors are raised by wait()).
 
     After a crash the files are there with their whole contents: the data is on disk
     (the file's fsync) and so is its name (the directory's). The fsyncs run in
     parallel because the file system commits concurrent ones together: measured here,
     3 files and 2 directories took ~5 ms in parallel against ~20 ms one after another;
     and in the background, so that the caller can do other work while the disk commits.
+    A job waiting for `after` cannot hold up the writes it waits for: the pool takes its
+    jobs in the order they came, and those writes came first.
+    Syncing apart from writing, rather than each write syncing itself: fsyncs commit the
+    file system's journal, and file creation elsewhere (host-local's leases, the next
+    delegate's files) waits behind each commit: measured with eight in-process
+    secondaries, the pod's ADD took ~3 ms longer with a sync in every write.
     """
+    writes = list(after)
     files = [Path(p) for p in paths]
     directories = list(dict.fromkeys(f.parent for f in files))
-    jobs = [_pool().submit(_fsync_if_there, f) for f in files]
-    jobs += [_pool().submit(_fsync, d) for d in directories]
+    jobs = [_pool().submit(_after, writes, _fsync_if_there, f) for f in files]
+    jobs += [_pool().submit(_after, writes, _fsync, d) for d in directories]
     return PendingSync(jobs)
+
+
+def _after(writes: list[PendingSync], sync: Callable[[Path], None], path: Path) -> None:
+    for write in writes:
+        write.wait()
+    sync(path)
+
+
+def start_write(path: str | Path, data: bytes, mode: int = 0o600) -> PendingSync:
+    """write_atomic(path, data, mode) on the sync pool: the caller goes on while the file
+    system works (~0.2 ms to create and rename a file on ext4); wait() returns once the
+    file is in place, raising its OSError. Not synced: hand it to start_sync's `after`."""
+    return PendingSync([_pool().submit(write_atomic, path, data, mode)])
 
 
 _POOL_SIZE = 8

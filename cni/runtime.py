@@ -12,6 +12,7 @@ from cni.cache import CacheEntry, ResultCache
 from cni.config import NetworkConfigList, plugin_stdin
 from cni.env import cni_env
 from cni.errors import CNIError, ErrorCode
+from cni.fileio import PendingSync
 from cni.invoke import ExecExecutor, Executor
 from cni.logs import StepLogger, call_fields
 from cni.result import Result
@@ -52,8 +53,15 @@ class CNIRuntime:
         """True if every plugin of `net` runs in this process (none is exec'd)."""
         return all(self.executor.hosts(str(plugin["type"])) for plugin in net.plugins)
 
-    def add(self, net: NetworkConfigList, rt: RuntimeConf) -> Result:
-        """ADD every plugin in order, chaining results; cache and return the final one."""
+    def add(
+        self, net: NetworkConfigList, rt: RuntimeConf, writes: list[PendingSync] | None = None
+    ) -> Result:
+        """ADD every plugin in order, chaining results; cache and return the final one.
+
+        With `writes`, the cache file is written off the calling thread and its
+        PendingSync appended there: the caller waits for it (or syncs after it) before it
+        relies on the file.
+        """
         result: Result | None = None
         for plugin in net.plugins:
             prev = result.to_dict(net.cni_version) if result is not None else None
@@ -61,18 +69,20 @@ class CNIRuntime:
             result = _parse_result(out, net, plugin)
         if result is None:
             raise CNIError(ErrorCode.INVALID_CONFIG, f"network {net.name!r} has no plugins")
-        self._cache.save(
-            CacheEntry(
-                container_id=rt.container_id,
-                config=net.raw,
-                ifname=rt.ifname,
-                network_name=net.name,
-                netns=rt.netns,
-                cni_args=list(rt.args),
-                capability_args=dict(rt.capability_args),
-                result=result.to_dict(net.cni_version),
-            )
+        entry = CacheEntry(
+            container_id=rt.container_id,
+            config=net.raw,
+            ifname=rt.ifname,
+            network_name=net.name,
+            netns=rt.netns,
+            cni_args=list(rt.args),
+            capability_args=dict(rt.capability_args),
+            result=result.to_dict(net.cni_version),
         )
+        if writes is None:
+            self._cache.save(entry)
+        else:
+            writes.append(self._cache.start_save(entry))
         return result
 
     def check(self, net: NetworkConfigList, rt: RuntimeConf) -> None:

@@ -9,12 +9,14 @@ pod's namespace).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 from cni.cache import CacheEntry
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
+from cni.fileio import PendingSync
 from cni.logs import StepLogger, call_fields
 from cni.result import Result
 from cni.runtime import CNIRuntime, RuntimeConf
@@ -84,11 +86,15 @@ class Engine:
                     delegates=delegates,
                 )
             )
-            # The record's sync runs while the delegates work, the result cache's while
+            # The record's sync runs while the delegates work; their result-cache files
+            # are written off this thread (CNIRuntime.add's `writes`) and synced while
             # network-status is written: the ADD waits only for what is left of them.
             record_sync = self.node.start_sync(args.container_id, [])
-            results = self._attach_all(args, delegates, plan, log)
-            cache_sync = self.node.start_sync(args.container_id, self._cache_files(args, delegates))
+            writes: list[PendingSync] = []
+            results = self._attach_all(args, delegates, plan, log, writes)
+            cache_sync = self.node.start_sync(
+                args.container_id, self._cache_files(args, delegates), after=writes
+            )
             try:
                 self._write_status(pod, delegates, results, log)
                 if claimed is not None:
@@ -98,7 +104,7 @@ class Engine:
                     cache_sync.wait()
             except CNIError:
                 # A failed sync too: a crash could then lose what this ADD attached.
-                self._rollback(args, delegates, log)
+                self._rollback(args, delegates, log, writes)
                 raise
             self._announce(pod, delegates, results)
             self._warn_unhonoured(pod, delegates, results, log)
@@ -148,23 +154,30 @@ class Engine:
         ]
 
     def _attach_all(
-        self, args: CmdArgs, delegates: list[Delegate], plan: routes.RoutePlan, log: StepLogger
+        self,
+        args: CmdArgs,
+        delegates: list[Delegate],
+        plan: routes.RoutePlan,
+        log: StepLogger,
+        writes: list[PendingSync],
     ) -> list[Result]:
         outcome = attach_in_lanes(
             delegates,
-            lambda d, lane: self._attach(args, d, log, lane),
+            lambda d, lane: self._attach(args, d, log, lane, writes),
             self._may_run_beside,
         )
         try:
             if outcome.error is not None:
                 raise outcome.error
             self.node.apply_default_routes(args.netns, plan, log)
+            if not plan.empty:
+                _settle(writes)  # the cache files it rewrites are whole
             return [
                 self._rewrite_routes(args, d, r, plan)
                 for d, r in zip(delegates, outcome.results, strict=True)
             ]
         except CNIError:
-            self._rollback(args, outcome.started, log)
+            self._rollback(args, outcome.started, log, writes)
             raise
 
     def _may_run_beside(self, delegate: Delegate) -> bool:
@@ -176,12 +189,19 @@ class Engine:
             return False
 
     def _attach(
-        self, args: CmdArgs, delegate: Delegate, log: StepLogger, lane: str = IN_ORDER
+        self,
+        args: CmdArgs,
+        delegate: Delegate,
+        log: StepLogger,
+        lane: str = IN_ORDER,
+        writes: list[PendingSync] | None = None,
     ) -> Result:
         with log.step("delegate add", **delegate.log_fields, lane=lane) as fields:
             self.node.copy_device_info(delegate, log)
             try:
-                result = self.runtime.add(delegate.network_config(), self._rt(args, delegate))
+                result = self.runtime.add(
+                    delegate.network_config(), self._rt(args, delegate), writes
+                )
             except CNIError as exc:
                 raise CNIError(
                     exc.code, f"ADD of {delegate.label} failed: {exc.msg}", exc.details
@@ -203,7 +223,14 @@ class Engine:
             self.runtime.cache.save(entry)
         return updated
 
-    def _rollback(self, args: CmdArgs, delegates: list[Delegate], log: StepLogger) -> None:
+    def _rollback(
+        self,
+        args: CmdArgs,
+        delegates: list[Delegate],
+        log: StepLogger,
+        writes: list[PendingSync] | None = None,
+    ) -> None:
+        _settle(writes or [])  # a cache file written after its DEL would outlive it
         for delegate in reversed(delegates):
             self._rollback_one(args, delegate, log)
         self.node.records.delete(args.container_id)
@@ -660,6 +687,13 @@ class Engine:
             if events and pod is not None and self.source is not None:
                 self.source.record_event(pod, "Warning", "NoNetworkFound", str(exc))
             raise
+
+
+def _settle(writes: list[PendingSync]) -> None:
+    """Wait until the background cache writes are done, whatever their outcome."""
+    for pending in writes:
+        with contextlib.suppress(OSError):
+            pending.wait()
 
 
 def _call_log(verb: str, args: CmdArgs) -> StepLogger:

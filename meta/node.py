@@ -10,7 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -46,13 +46,19 @@ class Node:
         self.ranges.note(d.config for d in record.delegates)
         self.records.save(record)
 
-    def start_sync(self, container_id: str, cache_files: list[Path]) -> Durability:
+    def start_sync(
+        self,
+        container_id: str,
+        cache_files: list[Path],
+        after: Iterable[fileio.PendingSync] = (),
+    ) -> Durability:
         """Start fsyncing the container's record and its result-cache files (and their
-        directories): once wait() returns, a crash leaves them whole on disk."""
+        directories), once the writes `after` are done: once wait() returns, a crash
+        leaves them whole on disk."""
         return Durability(
             self.conf.cni_dir,
             container_id,
-            fileio.start_sync([self.records.path(container_id), *cache_files]),
+            fileio.start_sync([self.records.path(container_id), *cache_files], after),
         )
 
     def release_unowned_leases(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cni.fileio import make_durable, write_atomic
+from cni.fileio import make_durable, start_sync, start_write, write_atomic
 
 
 def test_writes_with_the_exact_mode_whatever_the_umask(tmp_path: Path) -> None:
@@ -71,3 +71,16 @@ def test_make_durable_syncs_each_file_and_each_directory_once(
     assert sorted(synced) == sorted(
         str(p) for p in (tmp_path / "a", sub / "b", sub / "c", tmp_path, sub)
     )
+
+
+def test_a_sync_after_background_writes_waits_for_them_and_raises_their_error(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "f"
+    written = start_write(target, b"data" * 1000)
+    start_sync([target], after=[written]).wait()
+    assert target.read_bytes() == b"data" * 1000
+
+    failed = start_write(tmp_path / "missing-dir" / "f", b"x")
+    with pytest.raises(FileNotFoundError):
+        start_sync([tmp_path / "missing-dir" / "f"], after=[failed]).wait()

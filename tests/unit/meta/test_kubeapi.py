@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -27,9 +28,9 @@ class FakeAPIServer(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     release = threading.Event()
-    tokens: list[str] = []
+    tokens: ClassVar[list[str]] = []
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         self.tokens.append(self.headers.get("Authorization", ""))
         if self.path == "/hang":
             self.release.wait(10)
@@ -56,7 +57,7 @@ class FakeAPIServer(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.close_connection = True
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 
