@@ -1,15 +1,17 @@
-"""The kubernetes package's ApiClient against Plexus's own urllib3 client (README numbers).
+"""The kubernetes package's ApiClient and urllib3 against Plexus's own client (README numbers).
 
     .venv/bin/python -m tests.cluster.measure_api_client [rounds]
 
 Starts a throwaway etcd + kube-apiserver (tests/cluster/apiserver.py), then prints medians:
 the import cost and RSS of each client in a fresh interpreter, and, interleaved in one
 process, the calls the daemon makes: a merge PATCH of pods/status, an Event POST, and a
-list of 100 pods (what an informer's re-list costs, objects decoded).
+list of 100 pods (what an informer's re-list costs, objects decoded). "urllib3" is the
+same request through a urllib3 PoolManager, as meta/sources/kubeapi.py made it before.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
@@ -18,12 +20,15 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import urllib3
+
 from meta.sources.kubeapi import KubeAPI
 from tests.cluster.apiserver import Cluster
 
 IMPORTS = {
     "nothing (interpreter start)": "pass",
-    "urllib3 (ours)": "import urllib3",
+    "http.client and ssl (ours)": "import http.client, ssl",
+    "urllib3": "import urllib3",
     "kubernetes (config loader and ApiClient)": "import kubernetes.client, kubernetes.config",
 }
 _RSS = "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
@@ -77,6 +82,16 @@ def _calls(cluster: Cluster, rounds: int) -> dict[str, dict[str, float]]:
     )
     theirs = client.CoreV1Api(client.ApiClient(cfg))
     ours = KubeAPI(str(cluster.kubeconfig))
+    pool = urllib3.PoolManager(
+        ca_certs=cfg.ssl_ca_cert, cert_file=cfg.cert_file, key_file=cfg.key_file
+    )
+
+    def pooled(method: str, path: str, body: dict[str, Any], content_type: str) -> object:
+        data = json.dumps(body).encode()
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        response = pool.request(method, cfg.host + path, body=data, headers=headers)
+        return json.loads(response.data)
+
     status = f"/api/v1/namespaces/{namespace}/pods/p0/status"
 
     def _model_event(i: int) -> client.CoreV1Event:
@@ -96,6 +111,9 @@ def _calls(cluster: Cluster, rounds: int) -> dict[str, dict[str, float]]:
         "PATCH pods/status": {
             "ApiClient": lambda i: theirs.patch_namespaced_pod_status(
                 "p0", namespace, patch(str(i))
+            ),
+            "urllib3": lambda i: pooled(
+                "PATCH", status, patch(str(i)), "application/merge-patch+json"
             ),
             "ours": lambda i: ours.request(
                 "PATCH", status, patch(str(i)), content_type="application/merge-patch+json"

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from cni import fileio
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
 from meta import node as node_module
@@ -126,3 +127,29 @@ def test_gc_waits_for_calls_in_flight(tmp_path: Path, bin_dir: Path, recorder: R
     thread.join()
     assert "DEL" in verbs(recorder), "the record not in the (empty) valid list is DELed"
     assert engine.node.records.load(CID) is None
+
+
+def test_a_failed_add_leaves_no_cache_file_its_background_write_made_late(
+    tmp_path: Path,
+    bin_dir: Path,
+    make_recorder_plugin: Callable[..., Recorder],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Cache files are written off the calling thread; the rollback's DEL must come after
+    the write, or the file would be written after its DEL and outlive the container."""
+    make_recorder_plugin("first")
+    make_recorder_plugin("failing", fail=("ADD",))
+    write_atomic = fileio.write_atomic
+
+    def slow(*args: Any, **kwargs: Any) -> None:
+        threading.Event().wait(0.3)
+        write_atomic(*args, **kwargs)
+
+    monkeypatch.setattr(fileio, "write_atomic", slow)
+    engine = engine_for(tmp_path, bin_dir, ["first", "failing"])
+
+    with pytest.raises(CNIError):
+        engine.add(cmd("ADD"))
+    threading.Event().wait(0.5)  # any write still on its way has landed
+
+    assert list((tmp_path / "cni" / "results").iterdir()) == []
