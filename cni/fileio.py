@@ -66,7 +66,9 @@ def start_sync(paths: Iterable[str | Path], after: Iterable[PendingSync] = ()) -
     After a crash the files are there with their whole contents: the data is on disk
     (the file's fsync) and so is its name (the directory's). The fsyncs run in
     parallel because the file system commits concurrent ones together: measured here,
-    3 files and 2 directories took ~5 ms in parallel against ~20 ms one after another;
+    3 files and 2 directories took ~5 ms in parallel against ~20 ms one after another
+    (2026-12-02, a quieter disk: 1.0 against 1.2 ms, and with eleven files one job after
+    another outlasted the ADD's PATCH);
     and in the background, so that the caller can do other work while the disk commits.
     A job waiting for `after` cannot hold up the writes it waits for: the pool takes its
     jobs in the order they came, and those writes came first.

@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -113,7 +114,7 @@ class ExecExecutor:
 
 
 _EXEC_FAILED = 126
-"""The exit status of the wrapper when it cannot exec the plugin."""
+"""The exit status of the wrapper (or chroot) when it cannot exec the plugin."""
 _BUSY = os.strerror(errno.ETXTBSY)
 
 
@@ -130,22 +131,23 @@ def _exec(
     Through the call's wrapper (callscope.CallScope.wrapper), so that a killed daemon
     leaves no delegate to finish an ADD behind the runtime's DEL; in its own process
     group, so that a timeout or a cancelled call kills whatever the plugin spawned too.
+    Chrooted by chroot(8), not by a preexec_fn: that would fork the whole daemon without
+    vfork, and a fork of a process running gRPC's threads (PodResources) breaks in the
+    child (seen: the plugin never ran, gRPC's poller reporting a bad descriptor).
     """
     scope = callscope.current()
+    argv = scope.argv(binary)
+    if chroot_dir:
+        argv = [shutil.which("chroot") or "/usr/sbin/chroot", chroot_dir, *argv]
     try:
         proc = subprocess.Popen(
-            scope.argv(binary),
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
             process_group=0,
-            preexec_fn=(lambda: _enter_root(chroot_dir)) if chroot_dir else None,
         )
-    except subprocess.SubprocessError:  # what a failed preexec_fn raises
-        raise CNIError(
-            ErrorCode.IO_FAILURE, f"cannot chroot into {chroot_dir} to run {binary}"
-        ) from None
     except OSError as err:
         if err.errno == errno.ETXTBSY:
             return _EXEC_FAILED, b"", _BUSY
@@ -162,12 +164,6 @@ def _exec(
                 "raise delegateTimeoutSeconds if the plugin is slow but healthy",
             ) from None
     return proc.returncode, stdout, stderr.decode(errors="replace").strip()
-
-
-def _enter_root(root: str) -> None:
-    # preexec_fn: runs in the forked child, just before the exec.
-    os.chroot(root)
-    os.chdir("/")
 
 
 def _plugin_error(returncode: int, stdout: bytes, stderr: str) -> CNIError:

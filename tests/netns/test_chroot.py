@@ -9,6 +9,7 @@ container has the host's / at /hostroot.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import uuid
@@ -109,6 +110,34 @@ def test_exec_runs_the_plugin_chrooted_with_host_files_and_state(hostroot: HostR
 
     with pytest.raises(CNIError, match="failed to find plugin"):
         ExecExecutor().run("host-local", conf, env)  # not chrooted: no such CNI_PATH here
+
+
+_forked_children: list[Path] = []  # where an after-fork hook marks a child, while set
+
+
+def _mark_child() -> None:
+    for marker in _forked_children:
+        marker.touch()
+
+
+os.register_at_fork(after_in_child=_mark_child)
+
+
+def test_a_chrooted_exec_runs_no_python_in_the_child(hostroot: HostRoot, tmp_path: Path) -> None:
+    """chroot(8) chroots, not a preexec_fn: that forks without vfork and runs the
+    process's after-fork hooks in the child, gRPC's among them, which broke an exec of a
+    daemon running gRPC's threads."""
+    network = f"pxt-chroot-{uuid.uuid4().hex[:6]}"
+    conf = json.dumps(_host_local(network, "")).encode()
+    executor = ExecExecutor(chroot_dir=str(hostroot.path))
+    marker = tmp_path / "child-ran-python"
+    _forked_children.append(marker)
+    try:
+        executor.run("host-local", conf, cni_env("DEL", "c-fork", "", "eth0", (), [hostroot.bin]))
+    finally:
+        _forked_children.remove(marker)
+
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize("secondary_ipam", ["exec", "in-process"])
