@@ -43,7 +43,6 @@ class KubeAPI:
     def __init__(self, kubeconfig: str = "", timeout: float = 10.0) -> None:
         cfg = Credentials(kubeconfig)
         self._cfg = cfg
-        self.host = cfg.host.rstrip("/")
         self.timeout = timeout
         self._connections = _Connections(cfg)
 
@@ -170,7 +169,7 @@ class _Connections:
             else:
                 conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
             conn.connect()
-        except (OSError, ssl.SSLError) as exc:
+        except OSError as exc:  # ssl.SSLError included
             raise ConnectionError(f"connecting to {self._cfg.host}: {_describe(exc)}") from exc
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return conn
