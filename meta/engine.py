@@ -251,7 +251,7 @@ class Engine:
         statuses = []
         for delegate, result in zip(delegates, results, strict=True):
             statuses += network_statuses(
-                result.to_dict("1.1.0"), delegate.network, delegate.default, delegate.device_info
+                result, delegate.network, delegate.default, delegate.device_info
             )
         with log.step("write network-status", entries=len(statuses)):
             self.source.set_network_status(pod, render(statuses))

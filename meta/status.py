@@ -8,14 +8,13 @@ an index go to the last entry). `render` prints the list the way Multus's Go cod
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from cni.errors import CNIError, ErrorCode
+from cni.result import Result
 
 NETWORK_STATUS_ANNOTATION = "k8s.v1.cni.cncf.io/network-status"
 
@@ -77,100 +76,29 @@ def _go_json(value: Any) -> str:
     return text
 
 
-class _Absent(BaseModel):
-    """Result element where JSON `null` means absent, as when Go decodes it."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_nulls(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            return {key: value for key, value in data.items() if value is not None}
-        return data
-
-
-class _Interface(_Absent):
-    name: str
-    mac: str = ""
-    mtu: int | None = None
-    sandbox: str = ""
-
-
-class _IPConfig(_Absent):
-    address: str
-    gateway: str | None = None
-    interface: int | None = None
-
-    @field_validator("address")
-    @classmethod
-    def _bare_ip(cls, value: str) -> str:
-        return str(ipaddress.ip_interface(value).ip)
-
-
-class _Route(_Absent):
-    dst: str
-    gw: str | None = None
-
-    @property
-    def is_default(self) -> bool:
-        return ipaddress.ip_network(self.dst, strict=False).prefixlen == 0
-
-    @field_validator("dst")
-    @classmethod
-    def _network(cls, value: str) -> str:
-        ipaddress.ip_network(value, strict=False)
-        return value
-
-    @field_validator("gw")
-    @classmethod
-    def _canonical_ip(cls, value: str | None) -> str | None:
-        return None if value is None else str(ipaddress.ip_address(value))
-
-
-class _DNS(_Absent):
-    nameservers: list[str] = Field(default_factory=list)
-    domain: str = ""
-    search: list[str] = Field(default_factory=list)
-    options: list[str] = Field(default_factory=list)
-
-
-class _Result(_Absent):
-    interfaces: list[_Interface] = Field(default_factory=list)
-    ips: list[_IPConfig] = Field(default_factory=list)
-    routes: list[_Route] = Field(default_factory=list)
-    dns: _DNS = Field(default_factory=_DNS)
-
-
 def network_statuses(
-    result: Mapping[str, Any],
+    result: Result,
     network_name: str,
     default: bool,
     device_info: Mapping[str, Any] | None = None,
 ) -> list[NetworkStatus]:
-    """Status entries for one delegate's CNI result (1.0.0/1.1.0 form)."""
-    try:
-        parsed = _Result.model_validate(dict(result))
-    except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])
-        message = error["msg"].removeprefix("Value error, ")
-        raise CNIError(
-            ErrorCode.DECODE_FAILURE, f'result of network "{network_name}": {where[1:]}: {message}'
-        ) from exc
+    """Status entries for one delegate's CNI result."""
     common: dict[str, Any] = {
         "name": network_name,
-        "dns": {key: value for key, value in parsed.dns.model_dump().items() if value},
-        "gateway": [r.gw for r in parsed.routes if r.gw and r.is_default] or None,
+        "dns": {key: value for key, value in result.dns.model_dump().items() if value},
+        "gateway": [str(r.gw) for r in result.routes if r.gw is not None and r.dst.prefixlen == 0]
+        or None,
         "device_info": None if device_info is None else dict(device_info),
     }
-    if len(parsed.interfaces) == 1:
-        iface = parsed.interfaces[0]
+    if len(result.interfaces) == 1:
+        iface = result.interfaces[0]
         if iface.sandbox:
             common.update(interface=iface.name, mac=iface.mac or None, mtu=iface.mtu or None)
-        return [NetworkStatus(ips=[ip.address for ip in parsed.ips], default=default, **common)]
-    return _per_interface(parsed, default, common)
+        return [NetworkStatus(ips=result.ip_strings(), default=default, **common)]
+    return _per_interface(result, default, common)
 
 
-def _per_interface(parsed: _Result, default: bool, common: dict[str, Any]) -> list[NetworkStatus]:
+def _per_interface(parsed: Result, default: bool, common: dict[str, Any]) -> list[NetworkStatus]:
     """One entry per sandbox interface; the default one is the gateway's, else the first."""
     pod_side = [i for i, iface in enumerate(parsed.interfaces) if iface.sandbox]
     if not pod_side:
@@ -179,10 +107,12 @@ def _per_interface(parsed: _Result, default: bool, common: dict[str, Any]) -> li
     for ip in parsed.ips:
         target = pod_side[-1] if ip.interface is None else ip.interface
         if target in ips:
-            ips[target].append(ip.address)
+            ips[target].append(str(ip.address.ip))
     default_index = None
     if default:
-        gateway_ips = (ip.interface for ip in parsed.ips if ip.gateway and ip.interface is not None)
+        gateway_ips = (
+            ip.interface for ip in parsed.ips if ip.gateway is not None and ip.interface is not None
+        )
         default_index = next(gateway_ips, pod_side[0])
     return [
         NetworkStatus(

@@ -294,3 +294,53 @@ def test_models_accept_field_names_and_aliases() -> None:
         == iface
     )
     assert DNS().model_dump() == {"nameservers": [], "domain": "", "search": [], "options": []}
+
+
+def _edge_results() -> list[Result]:
+    """Results whose convert could go wrong: every field set, zeros, nothing at all."""
+    zeros = Result(
+        cni_version="1.1.0",
+        interfaces=[Interface(name="eth0", mtu=0)],
+        ips=[IPConfig(address=ip_interface("10.0.0.5/24"), interface=0)],
+        routes=[Route(dst="10.0.0.0/8", mtu=0, advmss=0, priority=0, table=0, scope=0)],
+    )
+    sources = [Result.from_dict(as_version(SOURCE[FORM[v]], v)) for v in SUPPORTED_VERSIONS]
+    return [full_result(), zeros, Result(cni_version="1.0.0"), *sources]
+
+
+@pytest.mark.parametrize("version", [v for v in SUPPORTED_VERSIONS if FORM[v] > 0])
+def test_convert_reads_what_the_wire_form_would(version: str) -> None:
+    for result in _edge_results():
+        assert result.convert(version) == Result.from_dict(result.to_dict(version))
+
+
+def test_a_converted_result_shares_nothing_mutable_with_the_original() -> None:
+    result = full_result()
+    converted = result.convert("1.1.0")
+    converted.dns.nameservers.append("10.0.0.53")
+    converted.routes[0].gw = None
+    converted.interfaces[0].name = "net9"
+    converted.ips[0].gateway = None
+    converted.ips.pop()
+    assert result.to_dict("1.1.0") == expected("1.1.0", "1.1.0")
+
+
+def test_null_fields_read_as_absent_as_libcni_does() -> None:
+    """Go's decoder leaves a field at its zero value for JSON null."""
+    result = Result.from_dict(
+        {
+            "cniVersion": "1.1.0",
+            "interfaces": [{"name": "eth0", "mac": None, "mtu": None, "sandbox": None}],
+            "ips": [{"address": "10.1.0.2/24", "gateway": None, "interface": None}],
+            "routes": None,
+            "dns": {"nameservers": None, "domain": None},
+        }
+    )
+    assert result.to_dict("1.1.0") == {
+        "cniVersion": "1.1.0",
+        "interfaces": [{"name": "eth0"}],
+        "ips": [{"address": "10.1.0.2/24"}],
+        "dns": {},
+    }
+    legacy = Result.from_dict({"cniVersion": "0.2.0", "ip4": {"ip": "10.0.0.2/24", "routes": None}})
+    assert legacy.ip_strings() == ["10.0.0.2"]

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
-
-from cni.errors import CNIError, ErrorCode
+from cni.result import Result
 from meta.status import NetworkStatus, network_statuses, render
 
 DNS = {"nameservers": ["10.96.0.10"], "domain": "cluster.local", "search": ["svc"], "options": []}
@@ -36,12 +34,17 @@ def bridge_result() -> dict[str, Any]:
     }
 
 
+def parsed(result: dict[str, Any]) -> Result:
+    """The result as the engine holds it (read by cni.result, in 1.1.0 unless it says)."""
+    return Result.from_dict({"cniVersion": "1.1.0", **result})
+
+
 def as_dicts(statuses: list[NetworkStatus]) -> list[dict[str, Any]]:
     return [s.to_multus() for s in statuses]
 
 
 def test_host_side_interfaces_are_skipped() -> None:
-    assert as_dicts(network_statuses(bridge_result(), "cbr0", True)) == [
+    assert as_dicts(network_statuses(parsed(bridge_result()), "cbr0", True)) == [
         {
             "name": "cbr0",
             "interface": "eth0",
@@ -70,7 +73,7 @@ def test_multiple_pod_interfaces_get_their_ips_by_index() -> None:
             {"address": "10.5.0.2/24"},  # no index: the last pod interface
         ],
     }
-    statuses = network_statuses(result, "ns/multi", False, DEVICE)
+    statuses = network_statuses(parsed(result), "ns/multi", False, DEVICE)
     assert [(s.interface, s.ips, s.default) for s in statuses] == [
         ("net1", ["10.2.0.2"], False),
         ("net2", ["10.1.0.2", "10.5.0.2"], False),
@@ -89,15 +92,15 @@ def test_default_goes_to_the_interface_with_the_first_gateway() -> None:
             {"address": "10.2.0.2/24", "gateway": "10.2.0.1", "interface": 1},
         ],
     }
-    assert [s.default for s in network_statuses(result, "n", True)] == [False, True]
-    assert [s.default for s in network_statuses(result, "n", False)] == [False, False]
+    assert [s.default for s in network_statuses(parsed(result), "n", True)] == [False, True]
+    assert [s.default for s in network_statuses(parsed(result), "n", False)] == [False, False]
 
 
 def test_default_without_gateway_is_the_first_pod_interface() -> None:
     result = {
         "interfaces": [{"name": "h"}, {"name": "a", "sandbox": "x"}, {"name": "b", "sandbox": "x"}]
     }
-    assert [(s.interface, s.default) for s in network_statuses(result, "n", True)] == [
+    assert [(s.interface, s.default) for s in network_statuses(parsed(result), "n", True)] == [
         ("a", True),
         ("b", False),
     ]
@@ -113,7 +116,7 @@ def test_single_interface_takes_every_ip_whatever_its_index() -> None:
         ],
         "routes": [{"dst": "10.0.0.0/8", "gw": "10.1.0.1"}],
     }
-    (status,) = network_statuses(result, "ns/net", False, DEVICE)
+    (status,) = network_statuses(parsed(result), "ns/net", False, DEVICE)
     assert status.to_multus() == {
         "name": "ns/net",
         "interface": "net1",
@@ -129,16 +132,16 @@ def test_single_host_side_interface_gives_an_entry_without_interface() -> None:
         "interfaces": [{"name": "host0", "mac": "02:00:00:00:00:01"}],
         "ips": [{"address": "10.1.0.2/24", "interface": 0}],
     }
-    assert as_dicts(network_statuses(result, "n", True)) == [
+    assert as_dicts(network_statuses(parsed(result), "n", True)) == [
         {"name": "n", "ips": ["10.1.0.2"], "default": True, "dns": {}}
     ]
 
 
 def test_no_pod_interface_gives_no_entry() -> None:
     result = {"ips": [{"address": "10.1.0.2/24"}]}
-    assert network_statuses(result, "n", True) == []
+    assert network_statuses(parsed(result), "n", True) == []
     result["interfaces"] = [{"name": "h1"}, {"name": "h2"}]
-    assert network_statuses(result, "n", True) == []
+    assert network_statuses(parsed(result), "n", True) == []
 
 
 def test_nulls_are_absent() -> None:
@@ -148,7 +151,7 @@ def test_nulls_are_absent() -> None:
         "routes": None,
         "dns": {"nameservers": None, "domain": None},
     }
-    assert as_dicts(network_statuses(result, "n", False)) == [
+    assert as_dicts(network_statuses(parsed(result), "n", False)) == [
         {"name": "n", "interface": "eth0", "ips": ["10.1.0.2"], "dns": {}}
     ]
 
@@ -158,36 +161,19 @@ def test_default_route_without_gateway_is_not_listed() -> None:
         "interfaces": [{"name": "eth0", "sandbox": "x"}],
         "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0", "gw": "FD00:0::1"}],
     }
-    (status,) = network_statuses(result, "n", False)
+    (status,) = network_statuses(parsed(result), "n", False)
     assert status.gateway == ["fd00::1"]
-
-
-@pytest.mark.parametrize(
-    ("result", "message"),
-    [
-        ({"ips": [{"address": "10.1.0.300/24"}]}, 'result of network "n": ips[0].address: '),
-        ({"ips": [{"gateway": "10.0.0.1"}]}, "ips[0].address: Field required"),
-        ({"interfaces": [{"mac": "x"}]}, "interfaces[0].name: Field required"),
-        ({"interfaces": "eth0"}, "interfaces: Input should be a valid list"),
-        ({"routes": [{"dst": "default"}]}, "routes[0].dst: "),
-        ({"routes": [{"dst": "0.0.0.0/0", "gw": "x"}]}, "routes[0].gw: "),
-        ({"dns": {"nameservers": "1.1.1.1"}}, "dns.nameservers: Input should be a valid list"),
-    ],
-)
-def test_malformed_results(result: dict[str, Any], message: str) -> None:
-    with pytest.raises(CNIError) as caught:
-        network_statuses(result, "n", False)
-    assert caught.value.code == ErrorCode.DECODE_FAILURE
-    assert message in caught.value.msg
 
 
 # ---- render -------------------------------------------------------------------------
 
 
 def test_render_matches_multus_layout() -> None:
-    statuses = network_statuses(bridge_result(), "cbr0", True)
+    statuses = network_statuses(parsed(bridge_result()), "cbr0", True)
     statuses += network_statuses(
-        {"interfaces": [{"name": "net1", "sandbox": "x"}], "ips": [{"address": "10.9.0.2/24"}]},
+        parsed(
+            {"interfaces": [{"name": "net1", "sandbox": "x"}], "ips": [{"address": "10.9.0.2/24"}]}
+        ),
         "ns/sriov",
         False,
         DEVICE,
@@ -232,8 +218,8 @@ def test_render_matches_multus_layout() -> None:
         "    }\n"
         "}]"
     )
-    parsed = json.loads(render(statuses))
-    assert [entry["name"] for entry in parsed] == ["cbr0", "ns/sriov"]
+    decoded = json.loads(render(statuses))
+    assert [entry["name"] for entry in decoded] == ["cbr0", "ns/sriov"]
 
 
 def test_render_empty_and_minimal() -> None:
