@@ -226,11 +226,13 @@ def create_child(
     mtu: int = 0,
     mac: str = "",
     bcqueuelen: int = 0,
+    up: bool = False,
 ) -> None:
     """Create a macvlan/ipvlan `name` on link index `parent`, optionally straight into the
-    namespace behind descriptor `netns`. `mtu`, `mac` and a macvlan's `bcqueuelen` (broadcast
-    queue length) are sent only when set, so 0/"" leave the kernel's defaults, as
-    vishvananda/netlink does. Raises the kernel error unchanged (OSError)."""
+    namespace behind descriptor `netns`, and `up` if asked. `mtu`, `mac` and a macvlan's
+    `bcqueuelen` (broadcast queue length) are sent only when set, so 0/"" leave the
+    kernel's defaults, as vishvananda/netlink does. Raises the kernel error unchanged
+    (OSError)."""
     attrs: list[Any] = [("IFLA_IFNAME", name), ("IFLA_LINK", parent)]
     if netns is not None:
         attrs.append(("IFLA_NET_NS_FD", netns))
@@ -244,7 +246,10 @@ def create_child(
     # iproute2 and vishvananda/netlink send IFLA_INFO_DATA without NLA_F_NESTED
     info = nested(("IFLA_INFO_KIND", kind), ("IFLA_INFO_DATA", nested(*data)))
     attrs.append(("IFLA_LINKINFO", info))
-    nl.request(RTM_NEWLINK, link_body(attrs=attrs), NLM_F_CREATE | NLM_F_EXCL)
+    flags = IFF_UP if up else 0
+    nl.request(
+        RTM_NEWLINK, link_body(attrs=attrs, flags=flags, change=flags), NLM_F_CREATE | NLM_F_EXCL
+    )
 
 
 def set_link(

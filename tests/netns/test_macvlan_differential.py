@@ -19,6 +19,8 @@ Known, deliberate differences from 1.1.1 (asserted as such below; README lists t
 - IPAM failures: our in-process IPAMs report spec codes, 1.1.1 999 (same messages).
 - DEL with the master gone or its MTU now below the config's: ours succeeds, 1.1.1 fails.
 - ADD into a missing netns: ours code 3 naming the path, 1.1.1 999 "failed to open netns".
+- an interface name already taken in the pod: ours fail creating the link (we create it
+  under its final name), 1.1.1 renaming it (it creates a temporary name first).
 - mode `source`, `bcqueuelen` and cniVersion 1.1.0 are ours only.
 """
 
@@ -821,6 +823,27 @@ def test_add_into_a_missing_netns(worlds: Callable[..., dict[str, World]], bin_d
         assert not os.path.lexists(gone)
         assert world.links(world.host) == ["lo", "up0", "up1"]
         assert world.links(world.pod) == ["lo"]
+        assert world.reserved_ips() == []
+
+
+def test_an_ifname_taken_in_the_pod(worlds: Callable[..., dict[str, World]], bin_dir: Path) -> None:
+    """Ours create the link under its final name (the reference: a temporary one, then a
+    rename), so the same failure is reported at the create: 999 both, the reference's
+    `failed to rename macvlan to "eth0": file exists`, ours `failed to create macvlan
+    "eth0": file exists`. Neither touches the link in the way nor reserves an address."""
+    ws = worlds()
+    for flavor, world in ws.items():
+        sh("ip", "link", "add", "eth0", "type", "veth", "peer", "name", "peer0", ns=world.pod)
+        kind, value = outcome(Caller(flavor, bin_dir).run, world, "ADD", HL_NET(world))
+        assert kind == "error", value
+        code, msg = value
+        assert code == PLUGIN_ERROR, value
+        if flavor == "ref":
+            assert msg == 'failed to rename macvlan to "eth0": file exists', value
+        else:
+            assert msg == 'failed to create macvlan "eth0": file exists', value
+        assert world.links(world.pod) == ["eth0", "lo", "peer0"]
+        assert world.links(world.host) == ["lo", "up0", "up1"]
         assert world.reserved_ips() == []
 
 
