@@ -52,6 +52,9 @@ BURST = 100
 WARM_ADDS = 20  # sequential ADDs (bridge + 1 macvlan) before the second RSS reading
 AUDIT_ADDS = 5  # ADDs per contender and N whose API requests are counted
 SETTLE = 2.0  # seconds for watches to deliver new pods, and for background requests
+QUIET = 0.3
+"""Seconds after each contender's ADD + DEL: both daemons send Events after answering,
+and those requests must not land in the next contender's timed ADD."""
 # Who sent an audited request, by User-Agent prefix (client-go uses the binary's name).
 AGENTS = {"plexus daemon": "plexus/", "multus thick": "multus-daemon/", "multus thin": "multus/"}
 VERBS = ("get", "list", "patch", "create", "update")
@@ -444,6 +447,7 @@ def measure(bench: Bench, runs: int, extras_list: list[int]) -> dict[str, Any]:
                 base.append(baseline(bench))
                 for name, run in contenders.items():
                     samples[name].append(run())
+                    time.sleep(QUIET)
             offset = statistics.median(base)
             medians = {name: statistics.median(v) - offset for name, v in samples.items()}
             rows.append({"extras": extras, "baseline_ms": offset, **medians})
