@@ -9,6 +9,11 @@ from pydantic import BaseModel, Field
 
 from cni.config import NetworkConfigList, load_network_config
 
+_PARSED_LIMIT = 256
+_parsed: dict[int, tuple[dict[str, Any], NetworkConfigList]] = {}
+"""Parsed configs by the id of their dict, which each entry keeps alive (so no other
+dict takes that id while the entry is there)."""
+
 
 class Delegate(BaseModel):
     """A network to attach, ready to run; persisted in the attachment record."""
@@ -32,8 +37,16 @@ class Delegate(BaseModel):
         return json.dumps(self.config, separators=(",", ":")).encode()
 
     def network_config(self) -> NetworkConfigList:
-        """The config as the protocol layer runs it."""
-        return load_network_config(self.config_bytes)
+        """The config as the protocol layer runs it, parsed once per config object (a
+        call asks 3-4 times per network; configs are replaced, never changed in place)."""
+        kept = _parsed.get(id(self.config))
+        if kept is not None and kept[0] is self.config:
+            return kept[1]
+        net = load_network_config(self.config_bytes)
+        if len(_parsed) >= _PARSED_LIMIT:
+            _parsed.clear()
+        _parsed[id(self.config)] = (self.config, net)
+        return net
 
     def runtime_args(self, args: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
         """The runtime's CNI_ARGS with this attachment's own pairs replacing theirs."""
