@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -263,15 +264,20 @@ def test_the_shim_refuses_a_socket_another_user_could_have_put_there(
     os.chown(run if squatted == "directory" else path, NOBODY, NOBODY)
 
     def answer() -> None:
-        # What a squatter would do: say yes to everything.
-        with impostor.accept()[0] as conn:
+        # What a squatter would do: say yes to everything. The shim should never
+        # connect, so the accept ends when the socket is shut down below.
+        with contextlib.suppress(OSError), impostor.accept()[0] as conn:
             conn.sendall(protocol.encode_response(0, b'{"cniVersion":"1.0.0"}'))
 
-    threading.Thread(target=answer, daemon=True).start()
+    squatter = threading.Thread(target=answer, daemon=True)
+    squatter.start()
     try:
         error = node.error("DEL", cid="c-s")
     finally:
+        impostor.shutdown(socket.SHUT_RDWR)
+        squatter.join(10)
         impostor.close()
+    assert not squatter.is_alive()
     assert error["code"] == 5
     assert f"refusing {run if squatted == 'directory' else path}" in error["msg"]
 
