@@ -1,8 +1,8 @@
 """The lifecycle macvlan and ipvlan share: a link stacked on a master, moved into a pod.
 
-ADD creates the link on the master's side under a temporary name straight into the pod
-namespace (IFLA_NET_NS_FD), gets the IP config (IPAM, or a chained prevResult), then on
-one thread inside the pod renames it to CNI_IFNAME and brings it up in one message, sets
+ADD creates the link on the master's side straight into the pod namespace
+(IFLA_NET_NS_FD), already named CNI_IFNAME and up, gets the IP config (IPAM, or a
+chained prevResult), then on one thread inside the pod looks the link up, sets
 arp_notify/ndisc_notify and applies addresses and routes. A failure after the link
 exists deletes it and releases IPAM, so nothing is left behind. One netlink socket is
 opened where the master lives and one inside the pod.
@@ -10,7 +10,8 @@ opened where the master lives and one inside the pod.
 CHECK and DEL follow the reference plugins (1.1.1); their messages are kept, and every
 plugin error of our own has the reference's code 999. Deliberately (README, "Deliberate
 differences"): DEL never looks at the master, so it succeeds once the master is gone; a
-missing netns is code 3; in-process IPAM errors carry spec codes.
+missing netns is code 3; in-process IPAM errors carry spec codes; a name already taken
+in the pod fails at the create, not at a rename.
 """
 
 from __future__ import annotations
@@ -198,9 +199,9 @@ class SubLinkPlugin:
         return index
 
     def _create(self, nl: Rtnl, conf: LinkConf, args: CmdArgs) -> None:
-        """The link, made in the pod under its final name and up: the kernel checks the
-        name only there, so no temporary name and rename are needed (one request less
-        than the reference's create, rename, set up)."""
+        """The link, made in the pod under its final name and up, in one request: the
+        kernel checks the name only there, so the reference's temporary name and the
+        rename + up after it are not needed."""
         master = self.master(nl, conf)
         into_pod = None if conf.link_in_container else netns_fd(args.netns)
         with into_pod or nullcontext() as fd:

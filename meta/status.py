@@ -98,27 +98,27 @@ def network_statuses(
     return _per_interface(result, default, common)
 
 
-def _per_interface(parsed: Result, default: bool, common: dict[str, Any]) -> list[NetworkStatus]:
+def _per_interface(result: Result, default: bool, common: dict[str, Any]) -> list[NetworkStatus]:
     """One entry per sandbox interface; the default one is the gateway's, else the first."""
-    pod_side = [i for i, iface in enumerate(parsed.interfaces) if iface.sandbox]
+    pod_side = [i for i, iface in enumerate(result.interfaces) if iface.sandbox]
     if not pod_side:
         return []
     ips: dict[int, list[str]] = {index: [] for index in pod_side}
-    for ip in parsed.ips:
+    for ip in result.ips:
         target = pod_side[-1] if ip.interface is None else ip.interface
         if target in ips:
             ips[target].append(str(ip.address.ip))
     default_index = None
     if default:
         gateway_ips = (
-            ip.interface for ip in parsed.ips if ip.gateway is not None and ip.interface is not None
+            ip.interface for ip in result.ips if ip.gateway is not None and ip.interface is not None
         )
         default_index = next(gateway_ips, pod_side[0])
     return [
         NetworkStatus(
-            interface=parsed.interfaces[index].name,
-            mac=parsed.interfaces[index].mac or None,
-            mtu=parsed.interfaces[index].mtu or None,
+            interface=result.interfaces[index].name,
+            mac=result.interfaces[index].mac or None,
+            mtu=result.interfaces[index].mtu or None,
             ips=ips[index],
             default=index == default_index,
             **common,
