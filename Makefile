@@ -35,6 +35,7 @@ bench: setup
 	$(PY) -m tests.bench.bench_add --runs 30 --extras 1,2,4,8
 	$(PY) -m tests.bench.bench_thick --runs 30 --extras 1,2,4,8
 	$(PY) -m tests.bench.bench_macvlan --runs 30
+	$(PY) -m tests.bench.measure_exec 400
 	$(PY) -m tests.bench.bench_instructions --adds 20
 	$(PY) -m tests.bench.bench_deviceplugin --runs 30
 	$(PY) -m tests.bench.bench_dra --runs 50

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from cni import callscope
+from cni.communicate import communicate
 from cni.env import ENV_VARS, cni_env
 from cni.errors import CNIError, ErrorCode
 from cni.version import CURRENT_VERSION
@@ -153,16 +154,13 @@ def _exec(
             return _EXEC_FAILED, b"", _BUSY
         raise CNIError(ErrorCode.IO_FAILURE, f"cannot exec plugin {binary}", str(err)) from None
     with scope.running(proc, env.get("CNI_COMMAND", "")):
-        try:
-            stdout, stderr = proc.communicate(stdin, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            callscope.kill_group(proc)
-            proc.communicate()
-            raise CNIError(
-                ErrorCode.IO_FAILURE,
-                f"plugin {plugin_type} timed out after {timeout:g} s and was killed",
-                "raise delegateTimeoutSeconds if the plugin is slow but healthy",
-            ) from None
+        stdout, stderr, expired = communicate(proc, stdin, timeout)
+    if expired:
+        raise CNIError(
+            ErrorCode.IO_FAILURE,
+            f"plugin {plugin_type} timed out after {timeout:g} s and was killed",
+            "raise delegateTimeoutSeconds if the plugin is slow but healthy",
+        )
     return proc.returncode, stdout, stderr.decode(errors="replace").strip()
 
 

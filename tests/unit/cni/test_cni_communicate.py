@@ -1,0 +1,80 @@
+"""Exchanging a child's pipes within a timeout, and waiting for its exit on a pidfd."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from cni.communicate import communicate
+
+BIG = bytes(range(256)) * 4096  # 1 MiB: far more than a pipe holds
+
+
+def _start(script: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        ["/bin/sh", "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        process_group=0,
+    )
+
+
+def _gone(pid: int) -> bool:
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def test_large_input_and_output_both_ways() -> None:
+    proc = _start("cat; echo done >&2; exit 3")
+    stdout, stderr, expired = communicate(proc, BIG, 10)
+    assert (stdout == BIG, stderr, expired, proc.returncode) == (True, b"done\n", False, 3)
+
+
+def test_a_child_that_never_reads_its_input() -> None:
+    proc = _start("exec 0<&-; echo answered")
+    stdout, _, expired = communicate(proc, BIG, 10)
+    assert (stdout, expired, proc.returncode) == (b"answered\n", False, 0)
+
+
+def test_no_input_closes_stdin_at_once() -> None:
+    proc = _start("cat; echo eof")
+    assert communicate(proc, b"", 10)[:2] == (b"eof\n", b"")
+
+
+def test_output_before_the_timeout_is_kept_and_the_group_killed() -> None:
+    proc = _start("echo partial; sleep 30 & wait")
+    started = time.monotonic()
+    stdout, _, expired = communicate(proc, b"", 0.5)
+    assert (stdout, expired) == (b"partial\n", True)
+    assert time.monotonic() - started < 10
+    assert proc.returncode == -9
+
+
+def test_a_child_that_closes_its_output_and_stays_is_killed_at_the_timeout() -> None:
+    proc = _start("exec >&- 2>&-; sleep 30")
+    started = time.monotonic()
+    _, _, expired = communicate(proc, b"", 0.5)
+    assert expired and 0.4 < time.monotonic() - started < 10
+    assert proc.returncode == -9 and _gone(proc.pid)
+
+
+def test_an_exit_after_closing_the_output_is_waited_for_on_the_pidfd() -> None:
+    proc = _start("exec >&- 2>&-; sleep 0.3; exit 4")
+    _, _, expired = communicate(proc, b"", 10)
+    assert (expired, proc.returncode) == (False, 4)
+
+
+@pytest.mark.parametrize(("timeout", "expired", "returncode"), [(10, False, 4), (0.1, True, -9)])
+def test_without_pidfds_the_exit_is_polled_for(
+    monkeypatch: pytest.MonkeyPatch, timeout: float, expired: bool, returncode: int
+) -> None:
+    def no_pidfd(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    proc = _start("exec >&- 2>&-; sleep 0.3; exit 4")
+    assert communicate(proc, b"", timeout)[2] is expired
+    assert proc.returncode == returncode
