@@ -134,7 +134,9 @@ class KubeSource:
     # ---- writes --------------------------------------------------------------
 
     def set_network_status(self, pod: Pod, value: str) -> None:
-        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
+        # strategic merge, unknown fields ignored: the API server's cheapest patch of
+        # this body (~0.15 ms less than a JSON merge patch; docs/performance.md)
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status?fieldValidation=Ignore"
         metadata: dict[str, Any] = {"annotations": {NETWORK_STATUS_ANNOTATION: value}}
         if pod.uid:
             metadata["uid"] = pod.uid  # a precondition: never the status of a newer namesake
@@ -142,7 +144,11 @@ class KubeSource:
 
         def send(timeout: float) -> None:
             self.api.request(
-                "PATCH", path, body, content_type="application/merge-patch+json", timeout=timeout
+                "PATCH",
+                path,
+                body,
+                content_type="application/strategic-merge-patch+json",
+                timeout=timeout,
             )
 
         what = f"network-status of {pod.namespace}/{pod.name}"
