@@ -86,13 +86,14 @@ class Engine:
                     delegates=delegates,
                 )
             )
-            # The record's sync runs while the delegates work; their result-cache files
-            # are written off this thread (CNIRuntime.add's `writes`) and synced while
-            # network-status is written: the ADD waits only for what is left of them.
-            record_sync = self.node.start_sync(args.container_id, [])
+            # The delegates' result-cache files are written off this thread
+            # (CNIRuntime.add's `writes`); they and the record are synced once the
+            # delegates are done (a sync meanwhile slows their own file creation: see
+            # fileio.start_sync), while network-status is written: the ADD waits only
+            # for what is left of it.
             writes: list[PendingSync] = []
             results = self._attach_all(args, delegates, plan, log, writes)
-            cache_sync = self.node.start_sync(
+            state_sync = self.node.start_sync(
                 args.container_id, self._cache_files(args, delegates), after=writes
             )
             try:
@@ -100,8 +101,7 @@ class Engine:
                 if claimed is not None:
                     self._write_claim_status(claimed, delegates, results, log)
                 with log.step("sync state to disk", files=len(delegates) + 1):
-                    record_sync.wait()
-                    cache_sync.wait()
+                    state_sync.wait()
             except CNIError:
                 # A failed sync too: a crash could then lose what this ADD attached.
                 self._rollback(args, delegates, log, writes)
