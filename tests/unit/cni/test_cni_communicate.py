@@ -61,10 +61,21 @@ def test_a_child_that_closes_its_output_and_stays_is_killed_at_the_timeout() -> 
     assert proc.returncode == -9 and _gone(proc.pid)
 
 
-def test_an_exit_after_closing_the_output_is_waited_for_on_the_pidfd() -> None:
+def test_an_exit_after_closing_the_output_is_waited_for_on_the_pidfd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    opened: list[int] = []
+    real = os.pidfd_open
+
+    def spy(pid: int, flags: int = 0) -> int:
+        opened.append(pid)
+        return real(pid, flags)
+
+    monkeypatch.setattr(os, "pidfd_open", spy)
     proc = _start("exec >&- 2>&-; sleep 0.3; exit 4")
     _, _, expired = communicate(proc, b"", 10)
     assert (expired, proc.returncode) == (False, 4)
+    assert opened == [proc.pid]
 
 
 @pytest.mark.parametrize(("timeout", "expired", "returncode"), [(10, False, 4), (0.1, True, -9)])
