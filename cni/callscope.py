@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -28,8 +29,9 @@ class CallScope:
     def __init__(self) -> None:
         self.timeout: float | None = None
         self.wrapper = ""
-        """The Plexus shim, if installed: `wrapper --exec-delegate PID PLUGIN` execs the
-        plugin so that it dies with the thread that forked it (meta/shim/shim.c)."""
+        """The Plexus shim, if installed (named as seen from here): `wrapper --exec-delegate
+        PID ROOT PLUGIN` execs the plugin chrooted at ROOT so that it dies with the thread
+        that forked it (meta/shim/shim.c)."""
         self.root = ""
         """The host's / as seen from here (a daemon's chrootDir, no trailing slash): where
         in-process IPAM keeps its state, as the plugins exec'd chrooted there do."""
@@ -44,13 +46,14 @@ class CallScope:
             for proc in self._running:
                 kill_group(proc)
 
-    def argv(self, binary: str) -> list[str]:
-        """How to exec `binary`: through the wrapper when there is one."""
-        return (
-            [self.wrapper, "--exec-delegate", str(os.getpid()), binary]
-            if self.wrapper
-            else [binary]
-        )
+    def argv(self, binary: str, root: str) -> list[str]:
+        """How to exec `binary` chrooted at `root` ("": not chrooted): through the wrapper
+        when there is one, else by chroot(8) when there is a root."""
+        if self.wrapper:
+            return [self.wrapper, "--exec-delegate", str(os.getpid()), root or "/", binary]
+        if root:
+            return [shutil.which("chroot") or "/usr/sbin/chroot", root, binary]
+        return [binary]
 
     def check(self, plugin_type: str, command: str) -> None:
         """Raise, as that plugin's failure, if the call is cancelled (rollback verbs excepted)."""

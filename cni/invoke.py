@@ -6,7 +6,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -34,7 +33,7 @@ def find_plugin(plugin_type: str, paths: Sequence[str], root: str = "") -> str:
         )
     for directory in paths:
         candidate = os.path.join(directory, plugin_type)
-        outside = _seen_from(root, candidate) if root else candidate
+        outside = seen_from(root, candidate) if root else candidate
         if os.path.isfile(outside) and os.access(outside, os.X_OK):
             return candidate
     raise CNIError(
@@ -47,7 +46,7 @@ def find_plugin(plugin_type: str, paths: Sequence[str], root: str = "") -> str:
 _MAX_LINKS = 40  # as the kernel's path walk (ELOOP past it)
 
 
-def _seen_from(root: str, path: str) -> str:
+def seen_from(root: str, path: str) -> str:
     """`path` as a process chrooted at `root` resolves it, named from outside: absolute
     symlinks (a host's /opt/cni/bin often links into /usr/lib/cni) point inside `root`."""
     real = root + path
@@ -132,17 +131,15 @@ def _exec(
     Through the call's wrapper (callscope.CallScope.wrapper), so that a killed daemon
     leaves no delegate to finish an ADD behind the runtime's DEL; in its own process
     group, so that a timeout or a cancelled call kills whatever the plugin spawned too.
-    Chrooted by chroot(8), not by a preexec_fn: that would fork the whole daemon without
-    vfork, and a fork of a process running gRPC's threads (PodResources) breaks in the
-    child (seen: the plugin never ran, gRPC's poller reporting a bad descriptor).
+    Chrooted by the wrapper (or chroot(8)), not by a preexec_fn: that would fork the
+    whole daemon without vfork, and a fork of a process running gRPC's threads
+    (PodResources) breaks in the child (seen: the plugin never ran, gRPC's poller
+    reporting a bad descriptor).
     """
     scope = callscope.current()
-    argv = scope.argv(binary)
-    if chroot_dir:
-        argv = [shutil.which("chroot") or "/usr/sbin/chroot", chroot_dir, *argv]
     try:
         proc = subprocess.Popen(
-            argv,
+            scope.argv(binary, chroot_dir),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from cni import callscope, logs
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
-from cni.invoke import ExecExecutor, Executor, find_plugin
+from cni.invoke import ExecExecutor, Executor, find_plugin, seen_from
 from cni.logs import StepLogger
 from cni.result import Result
 from cni.runtime import CNIRuntime
@@ -159,12 +159,14 @@ class MetaPlugin:
 
 
 def _installed_shim(paths: Sequence[str], root: str) -> str:
-    """The shim among the plugins (seen from `root`, where delegates are exec'd), which
-    execs delegates so they die with us; "" if none."""
+    """The shim among the plugins (looked up from `root`, where delegates are exec'd, and
+    named as seen from here: it chroots them), which execs delegates so they die with us;
+    "" if none."""
     try:
-        return find_plugin(SHIM_NAME, paths, root)
+        shim = find_plugin(SHIM_NAME, paths, root)
     except CNIError:
         return ""
+    return seen_from(root, shim) if root else shim
 
 
 @contextmanager

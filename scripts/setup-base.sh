@@ -10,9 +10,11 @@ cd "$(dirname "$0")/.."
 extras=base
 [[ ${1:-} == --dev ]] && extras=dev
 
-# gcc, libc6-dev: install-cni compiles the static shim. python3-venv: Debian's python3.11
+# gcc, musl-tools: install-cni compiles the static shim against musl (meta/install.py says
+# why); libc6-dev: the test tiers compile with glibc. python3-venv: Debian's python3.11
 # has no ensurepip without it, so `-m venv` fails.
-scripts/apt-install.sh containernetworking-plugins iproute2 iputils-ping gcc libc6-dev python3-venv
+scripts/apt-install.sh containernetworking-plugins iproute2 iputils-ping gcc musl-tools libc6-dev \
+    python3-venv
 
 # The real interpreter, not a pyenv shim (the shim costs ~100 ms per exec).
 PYTHON=$(python3.11 -c 'import sys; print(sys.executable)')

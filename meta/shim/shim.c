@@ -10,7 +10,7 @@
  * fails with "try again later". It talks only to a root-owned socket in a root-owned
  * directory nobody else can write. Wire format: meta/daemon/protocol.py.
  *
- * `plexus --exec-delegate PID BINARY` is how Plexus execs a delegate plugin: see
+ * `plexus --exec-delegate PID ROOT BINARY` is how Plexus execs a delegate plugin: see
  * exec_delegate().
  */
 #define _GNU_SOURCE
@@ -246,15 +246,21 @@ static int connect_daemon(const struct sockaddr_un *addr, const char *dir, doubl
     return -1;
 }
 
-/* Exec BINARY so that it gets SIGKILL when the thread that forked us (a daemon worker)
- * dies, even by SIGKILL: a delegate must not finish an ADD behind the runtime's DEL.
- * If that parent died before prctl() took effect, getppid() is no longer PID. */
-static int exec_delegate(const char *parent, const char *binary) {
+/* Exec BINARY, chrooted at ROOT unless it is "/", so that it gets SIGKILL when the thread
+ * that forked us (a daemon worker) dies, even by SIGKILL: a delegate must not finish an
+ * ADD behind the runtime's DEL. If that parent died before prctl() took effect, getppid()
+ * is no longer PID. Chrooting here, not by exec'ing chroot(8) first, saves that exec
+ * (~0.7 ms: a dynamically linked glibc binary). */
+static int exec_delegate(const char *parent, const char *root, const char *binary) {
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
         fprintf(stderr, "plexus: prctl(PR_SET_PDEATHSIG): %s\n", strerror(errno));
         return 126;
     }
     if (getppid() != (pid_t)strtol(parent, NULL, 10)) return 126;
+    if (strcmp(root, "/") != 0 && (chroot(root) != 0 || chdir("/") != 0)) {
+        fprintf(stderr, "plexus: cannot chroot to %s: %s\n", root, strerror(errno));
+        return 126;
+    }
     char *argv[] = {(char *)binary, NULL};
     execv(binary, argv);
     fprintf(stderr, "plexus: cannot exec %s: %s\n", binary, strerror(errno));
@@ -262,7 +268,14 @@ static int exec_delegate(const char *parent, const char *binary) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 4 && strcmp(argv[1], "--exec-delegate") == 0) return exec_delegate(argv[2], argv[3]);
+    if (argc > 1 && strcmp(argv[1], "--exec-delegate") == 0) {
+        /* PID ROOT BINARY; a daemon before ROOT passes PID BINARY (a DaemonSet update
+         * with maxSurge runs it beside the shim its successor installed). */
+        if (argc == 5) return exec_delegate(argv[2], argv[3], argv[4]);
+        if (argc == 4) return exec_delegate(argv[2], "/", argv[3]);
+        fprintf(stderr, "usage: plexus --exec-delegate PID ROOT BINARY\n");
+        return 126;
+    }
     size_t in_len;
     char *input = read_stdin(&in_len);
     use_config_version(input, in_len);

@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from cni import callscope
 from cni.env import cni_env
 from cni.errors import CNIError
 from cni.invoke import ExecExecutor
+from meta.install import SHIM_NAME, install_binaries
 from tests.netns.conftest import REFERENCE, Node
 
 
@@ -41,6 +43,11 @@ class HostRoot:
         (path / self.bin.lstrip("/")).mkdir()
         for plugin in ("bridge", "host-local", "loopback"):
             shutil.copy(REFERENCE / plugin, path / self.bin.lstrip("/") / plugin)
+
+    def install_shim(self, scratch: Path) -> Path:
+        """Put the Plexus shim into the root's bin dir (it execs and chroots delegates)."""
+        install_binaries(scratch, shim_only=True, prebuilt=scratch / "none")
+        return Path(shutil.copy(scratch / SHIM_NAME, self.path / self.bin.lstrip("/")))
 
     def _bind(self, source: str, target: Path, readonly: bool) -> None:
         if not target.exists():
@@ -89,7 +96,20 @@ def _host_local(network: str, resolv: str) -> dict[str, object]:
     }
 
 
-def test_exec_runs_the_plugin_chrooted_with_host_files_and_state(hostroot: HostRoot) -> None:
+@pytest.mark.parametrize("via", ["chroot(8)", "shim"])
+def test_exec_runs_the_plugin_chrooted_with_host_files_and_state(
+    hostroot: HostRoot, via: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chrooted by chroot(8), or by the shim when there is one (then chroot(8) is not
+    exec'd: made missing here)."""
+    with callscope.call_scope() as scope:
+        if via == "shim":
+            scope.wrapper = str(hostroot.install_shim(tmp_path))
+            monkeypatch.setattr(shutil, "which", lambda name: f"/nonexistent/{name}")
+        _chrooted_host_local(hostroot)
+
+
+def _chrooted_host_local(hostroot: HostRoot) -> None:
     network = f"pxt-chroot-{uuid.uuid4().hex[:6]}"
     (hostroot.path / "etc/plexus-test-resolv.conf").write_text("nameserver 10.77.0.53\n")
     # The "host" itself holds .2: the plugin in the chroot must see it and skip it.
@@ -124,7 +144,7 @@ os.register_at_fork(after_in_child=_mark_child)
 
 
 def test_a_chrooted_exec_runs_no_python_in_the_child(hostroot: HostRoot, tmp_path: Path) -> None:
-    """chroot(8) chroots, not a preexec_fn: that forks without vfork and runs the
+    """chroot(8) or the shim chroots, not a preexec_fn: that forks without vfork and runs the
     process's after-fork hooks in the child, gRPC's among them, which broke an exec of a
     daemon running gRPC's threads."""
     network = f"pxt-chroot-{uuid.uuid4().hex[:6]}"
@@ -140,12 +160,17 @@ def test_a_chrooted_exec_runs_no_python_in_the_child(hostroot: HostRoot, tmp_pat
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("secondary_ipam", ["exec", "in-process"])
+@pytest.mark.parametrize(
+    ("secondary_ipam", "shim"), [("exec", False), ("in-process", False), ("exec", True)]
+)
 def test_chroot_dir_key_runs_every_exec_on_the_host(
-    node: Node, hostroot: HostRoot, secondary_ipam: str
+    node: Node, hostroot: HostRoot, secondary_ipam: str, shim: bool, tmp_path: Path
 ) -> None:
     """The secondary's host-local, exec'd (execDelegates) or in-process, keeps its
-    leases on the host too: one IPAM state whichever runs it."""
+    leases on the host too: one IPAM state whichever runs it. With the shim in the
+    host's bin dir, it execs (and chroots) every plugin, found from outside the root."""
+    if shim:
+        hostroot.install_shim(tmp_path)
     netns = node.pod_netns()
     hostroot.share_netns(netns)
     network, secondary = f"pxt-chroot-{node.tag}", f"pxt-chroot2-{node.tag}"

@@ -127,3 +127,24 @@ def test_a_plugin_execd_through_the_shim_dies_with_the_process_that_execd_it(
         for pid in _wait_for_pids(tmp_path / "pids"):
             if not _gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_shim_execs_a_delegate_only_for_its_parent(tmp_path: Path) -> None:
+    """`--exec-delegate PID ROOT BINARY` ("/": not chrooted; chroots: tests/netns/
+    test_chroot.py), the PID BINARY form of earlier daemons, and nothing else."""
+    (shim,) = install_binaries(tmp_path / "installed", shim_only=True, prebuilt=tmp_path / "none")
+    me = str(os.getpid())
+
+    def run(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [str(shim), "--exec-delegate", *args], cwd=tmp_path, capture_output=True
+        )
+
+    assert run(me, "/", "/bin/pwd").stdout == f"{tmp_path}\n".encode()
+    assert run(me, "/bin/pwd").stdout == f"{tmp_path}\n".encode()
+    assert run(str(os.getppid()), "/", "/bin/pwd").returncode == 126  # not the parent
+    usage = run(me, "/", "/bin/pwd", "extra")
+    assert (usage.returncode, usage.stdout) == (126, b"")
+    assert b"usage: plexus --exec-delegate PID ROOT BINARY" in usage.stderr
+    missing = run(me, "/", str(tmp_path / "none"))
+    assert missing.returncode == 126 and b"cannot exec" in missing.stderr
