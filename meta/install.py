@@ -101,6 +101,9 @@ def _write_text(output: str, text: str) -> None:
     Path(output).write_text(text)
 
 
+SHIM_CFLAGS = ("-O2", "-Wall", "-static")
+
+
 def shim_compiler() -> list[str] | None:
     """How the shim is compiled: statically, with musl when its gcc wrapper is installed.
 
@@ -111,7 +114,7 @@ def shim_compiler() -> list[str] | None:
     0.61 with glibc). Without musl, the system's cc.
     """
     compiler = shutil.which("musl-gcc") or shutil.which("cc") or shutil.which("gcc")
-    return [compiler, "-O2", "-Wall", "-static"] if compiler else None
+    return [compiler, *SHIM_CFLAGS] if compiler else None
 
 
 def _compile_shim(output: str) -> None:

@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 
 from cni.communicate import communicate
-from meta.install import SHIM_SOURCE
+from meta.install import SHIM_CFLAGS, SHIM_SOURCE
 
 ENV = {f"CNI_VAR{i}": "x" * 40 for i in range(30)}
 STDIN = b'{"cniVersion":"1.0.0","name":"default","type":"bridge","bridge":"cni0"}' * 20
@@ -62,7 +62,7 @@ def _shims(directory: Path) -> dict[str, Path]:
         if shutil.which(compiler):
             binary = directory / f"plexus-{libc}"
             subprocess.run(
-                [compiler, "-O2", "-static", "-o", str(binary), str(SHIM_SOURCE)], check=True
+                [compiler, *SHIM_CFLAGS, "-o", str(binary), str(SHIM_SOURCE)], check=True
             )
             built[libc] = binary
     return built
