@@ -63,17 +63,20 @@ class CallScope:
             )
 
     def watch_next_exec(self, event: threading.Event) -> None:
-        """Set `event` once this call's next plugin has been exec'd."""
+        """Set `event` once this call's next exec'd plugin has its stdin (`fed`)."""
         with self._lock:
             self._exec_watchers.append(event)
 
-    @contextmanager
-    def running(self, proc: subprocess.Popen[bytes], command: str) -> Iterator[None]:
-        """While `proc` runs, a cancellation kills it (unless it is a rollback)."""
+    def fed(self) -> None:
+        """The plugin exec'd last has all of its stdin: set the events waiting for it."""
         with self._lock:
             watchers, self._exec_watchers = self._exec_watchers, []
         for event in watchers:
             event.set()
+
+    @contextmanager
+    def running(self, proc: subprocess.Popen[bytes], command: str) -> Iterator[None]:
+        """While `proc` runs, a cancellation kills it (unless it is a rollback)."""
         if command in _ROLLBACK_VERBS:
             yield
             return

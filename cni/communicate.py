@@ -12,6 +12,7 @@ import select
 import selectors
 import subprocess
 import time
+from collections.abc import Callable
 
 from cni.callscope import kill_group
 
@@ -19,25 +20,36 @@ _CHUNK = 65536
 
 
 def communicate(
-    proc: subprocess.Popen[bytes], stdin: bytes, timeout: float | None
+    proc: subprocess.Popen[bytes],
+    stdin: bytes,
+    timeout: float | None,
+    fed: Callable[[], None] = lambda: None,
 ) -> tuple[bytes, bytes, bool]:
     """Write `stdin`, read stdout and stderr to their end, reap `proc`: (stdout, stderr,
     expired). Once `timeout` has passed, `proc`'s process group is killed, what it wrote
-    is still read, and `expired` is True."""
+    is still read, and `expired` is True. `fed` is called once `proc` has all of `stdin`
+    (or has stopped reading it).
+
+    As much of `stdin` as the pipe takes (a CNI config always fits) is written before
+    anything else, so the plugin never waits for this thread to get the interpreter back.
+    """
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     deadline = None if timeout is None else time.monotonic() + timeout
     out, err = proc.stdout.fileno(), proc.stderr.fileno()
     output = {out: bytearray(), err: bytearray()}
     pending = memoryview(stdin)
+    if pending:
+        os.set_blocking(proc.stdin.fileno(), False)
+        pending = pending[_write(proc.stdin.fileno(), pending) :]
+    if not pending:
+        proc.stdin.close()
+        fed()
     expired = False
     with selectors.DefaultSelector() as selector:
         for fd in output:
             selector.register(fd, selectors.EVENT_READ)
         if pending:
-            os.set_blocking(proc.stdin.fileno(), False)
             selector.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
-        else:
-            proc.stdin.close()
         while selector.get_map():
             ready = selector.select(_left(deadline))
             if not ready:
@@ -49,6 +61,7 @@ def communicate(
                     if not pending:
                         selector.unregister(key.fd)
                         proc.stdin.close()
+                        fed()
                 elif chunk := os.read(key.fd, _CHUNK):
                     output[key.fd] += chunk
                 else:

@@ -151,7 +151,7 @@ def _exec(
             return _EXEC_FAILED, b"", _BUSY
         raise CNIError(ErrorCode.IO_FAILURE, f"cannot exec plugin {binary}", str(err)) from None
     with scope.running(proc, env.get("CNI_COMMAND", "")):
-        stdout, stderr, expired = communicate(proc, stdin, timeout)
+        stdout, stderr, expired = communicate(proc, stdin, timeout, scope.fed)
     if expired:
         raise CNIError(
             ErrorCode.IO_FAILURE,

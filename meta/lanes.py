@@ -14,10 +14,11 @@ What depends on order stays in order:
 - results, network-status and rollback follow the networks' order, whatever finished
   first; when one fails, networks not yet started are not started.
 
-The side lane starts once the calling thread's first plugin has been exec'd (or the
-calling thread has nothing to exec, or HEAD_START has passed): before that the two would
-take turns at the interpreter, and the exec'd default network, usually the longest of
-all, would start later.
+The side lane starts once the calling thread's first plugin has been exec'd and has its
+config on stdin (or the calling thread has nothing to exec, or HEAD_START has passed):
+before that the two would take turns at the interpreter, and the exec'd default network,
+usually the longest of all, would start later (a Go plugin reads its stdin well within
+1 ms of its exec: docs/performance.md).
 """
 
 from __future__ import annotations

@@ -39,6 +39,16 @@ def test_a_child_that_never_reads_its_input() -> None:
     assert (stdout, expired, proc.returncode) == (b"answered\n", False, 0)
 
 
+@pytest.mark.parametrize("data", [b'{"cniVersion": "1.0.0"}', BIG], ids=["fits the pipe", "1 MiB"])
+def test_fed_is_told_once_the_child_has_all_its_input(data: bytes) -> None:
+    proc = _start("cat")
+    stdin = proc.stdin
+    assert stdin is not None
+    seen: list[bool] = []
+    stdout, _, _ = communicate(proc, data, 10, lambda: seen.append(stdin.closed))
+    assert (stdout == data, seen) == (True, [True])
+
+
 def test_no_input_closes_stdin_at_once() -> None:
     proc = _start("cat; echo eof")
     assert communicate(proc, b"", 10)[:2] == (b"eof\n", b"")

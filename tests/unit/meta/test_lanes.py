@@ -83,7 +83,7 @@ def test_a_side_network_runs_while_the_exec_lane_is_busy() -> None:
     assert attach.lanes == {"eth0": lanes.IN_ORDER, "net1": lanes.BESIDE}
 
 
-def test_the_side_lane_starts_once_the_calling_thread_has_exec_d_its_plugin(
+def test_the_side_lane_starts_once_the_calling_thread_s_plugin_has_its_stdin(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(lanes, "HEAD_START", WAIT * 3)  # only the exec can start it
@@ -96,6 +96,8 @@ def test_the_side_lane_starts_once_the_calling_thread_has_exec_d_its_plugin(
         if d.network == "eth0":
             seen.append(side_started.is_set())
             with subprocess.Popen(["true"]) as proc, callscope.current().running(proc, "ADD"):
+                seen.append(side_started.wait(WAIT))  # exec'd, not fed yet
+                callscope.current().fed()
                 seen.append(side_started.wait(WAIT))
         return Attach()(d, lane)
 
@@ -105,7 +107,7 @@ def test_the_side_lane_starts_once_the_calling_thread_has_exec_d_its_plugin(
         )
 
     assert outcome.error is None
-    assert seen == [False, True]
+    assert seen == [False, False, True]
 
 
 def test_without_an_exec_the_side_lane_starts_when_the_calling_thread_is_done(
