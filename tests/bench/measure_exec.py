@@ -35,13 +35,15 @@ TIMEOUT = 60.0
 BRIDGE = Path("/usr/lib/cni/bridge")
 
 
-def _start(argv: tuple[str, ...] = ("/bin/cat",)) -> subprocess.Popen[bytes]:
+def _start(
+    argv: tuple[str, ...] = ("/bin/cat",), env: dict[str, str] = ENV
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         argv,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=ENV,
+        env=env,
         process_group=0,
     )
 
@@ -62,13 +64,7 @@ def _go_plugin(late: float) -> bytes:
     """The reference bridge's ADD on a missing netns, its stdin written `late` s after
     the exec (the calling thread busy meanwhile, as when another holds the interpreter)."""
     env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "x", "CNI_NETNS": "/nonexistent"}
-    proc = subprocess.Popen(
-        [str(BRIDGE)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**env, "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent"},
-    )
+    proc = _start((str(BRIDGE),), {**env, "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent"})
     until = time.perf_counter() + late
     while time.perf_counter() < until:
         pass
