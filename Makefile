@@ -41,7 +41,7 @@ bench: setup
 	$(PY) -m tests.bench.bench_dra --runs 50
 
 lint: setup
-	$(VENV)/bin/ruff check cni meta delegates deviceplugin tests
-	$(VENV)/bin/ruff format --check cni meta delegates deviceplugin tests
+	$(VENV)/bin/ruff check cni kube meta delegates deviceplugin tests
+	$(VENV)/bin/ruff format --check cni kube meta delegates deviceplugin tests
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy --strict tests

@@ -43,8 +43,8 @@ def source_for(
 
         return EmbeddedStore(conf.cluster_dir)
     if conf.kubeconfig or (daemon and os.environ.get("KUBERNETES_SERVICE_HOST")):
+        from kube.api import KubeAPI
         from meta.sources.kube import KubeSource
-        from meta.sources.kubeapi import KubeAPI
 
         return KubeSource(
             KubeAPI(conf.kubeconfig),

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from deviceplugin.dra.slices import DRIVER
-from meta.sources.informer import Informer
-from meta.sources.kubeapi import APIError, KubeAPI
+from kube.api import APIError, KubeAPI
+from kube.informer import Informer
 
 Json = dict[str, Any]
 WAIT_SECONDS = 2.0  # for our pod watch to show a pod the kubelet already saw

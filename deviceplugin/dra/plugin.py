@@ -22,7 +22,7 @@ from deviceplugin.dra.server import DraServer
 from deviceplugin.dra.slices import device_name, pool_name
 from deviceplugin.dra.state import PreparedState
 from deviceplugin.sysfs import PciNetDevice
-from meta.sources.kubeapi import KubeAPI
+from kube.api import KubeAPI
 
 KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 

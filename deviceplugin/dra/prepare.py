@@ -27,7 +27,7 @@ from deviceplugin.dra.params import request_parameters
 from deviceplugin.dra.slices import DRIVER
 from deviceplugin.dra.state import PreparedClaim, PreparedDevice, PreparedState
 from deviceplugin.sysfs import PciNetDevice, read_device
-from meta.sources.kubeapi import APIError, KubeAPI
+from kube.api import APIError, KubeAPI
 
 Json = dict[str, Any]
 

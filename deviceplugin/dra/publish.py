@@ -19,7 +19,7 @@ from typing import Any
 
 from deviceplugin.dra.slices import DRIVER, node_slices
 from deviceplugin.sysfs import PciNetDevice
-from meta.sources.kubeapi import APIError, KubeAPI
+from kube.api import APIError, KubeAPI
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 WATCH_SECONDS = 300

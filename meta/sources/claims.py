@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cni.errors import CNIError, ErrorCode
+from kube.api import APIError, KubeAPI, get_object
+from kube.informer import Informer
+from kube.writes import BackgroundWriter, Write, write_bounded
 from meta.claims import (
     FIELD_MANAGER,
     ClaimDevice,
@@ -33,9 +36,6 @@ from meta.claims import (
     slice_attributes,
 )
 from meta.sources.base import Pod, PodClaim
-from meta.sources.informer import Informer
-from meta.sources.kubeapi import APIError, KubeAPI, get_object
-from meta.sources.writes import BackgroundWriter, Write, write_bounded
 
 GROUP_PATH = "/apis/resource.k8s.io/v1"
 SLICE_PATH = f"{GROUP_PATH}/resourceslices"

@@ -15,13 +15,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from kube.api import APIError, KubeAPI, get_object
+from kube.informer import Informer
+from kube.writes import BackgroundWriter, Write, write_bounded
 from meta.claims import pod_claims
 from meta.config import DEFAULT_WRITE_BACKLOG, DEFAULT_WRITE_TIMEOUT
 from meta.sources.base import NetworkAttachmentDefinition, Pod
 from meta.sources.claims import KubeClaims
-from meta.sources.informer import Informer
-from meta.sources.kubeapi import APIError, KubeAPI, get_object
-from meta.sources.writes import BackgroundWriter, Write, write_bounded
 from meta.status import NETWORK_STATUS_ANNOTATION
 
 log = logging.getLogger("plexus.kube")

@@ -35,7 +35,7 @@ from deviceplugin.dra.state import PreparedState
 from deviceplugin.kubelet import dra_v1_pb2 as pb
 from deviceplugin.kubelet import dra_v1_pb2_grpc as pb_grpc
 from deviceplugin.sysfs import discover
-from meta.sources.kubeapi import KubeAPI
+from kube.api import KubeAPI
 from tests.cluster.apiserver import Cluster
 from tests.unit.deviceplugin.fake_sysfs import FakeSysfs
 

@@ -6,7 +6,7 @@ Starts a throwaway etcd + kube-apiserver (tests/cluster/apiserver.py), then prin
 the import cost and RSS of each client in a fresh interpreter, and, interleaved in one
 process, the calls the daemon makes: a merge PATCH of pods/status, an Event POST, and a
 list of 100 pods (what an informer's re-list costs, objects decoded). "urllib3" is the
-same request through a urllib3 PoolManager, as meta/sources/kubeapi.py made it before;
+same request through a urllib3 PoolManager, as kube/api.py made it before;
 "as the daemon sends it" is the strategic merge patch with unknown fields ignored that
 meta/sources/kube.py sends (the others send a JSON merge patch), last timed again after
 the API server has been idle for a while.
@@ -25,7 +25,7 @@ from typing import Any
 
 import urllib3
 
-from meta.sources.kubeapi import KubeAPI
+from kube.api import KubeAPI
 from tests.cluster.apiserver import Cluster
 
 IMPORTS = {

@@ -20,7 +20,7 @@ from deviceplugin.dra.prepare import ClaimRef, PrepareError, Preparer
 from deviceplugin.dra.publish import SlicePublisher
 from deviceplugin.dra.state import PreparedState
 from deviceplugin.sysfs import PciNetDevice, discover
-from meta.sources.kubeapi import APIError, KubeAPI
+from kube.api import APIError, KubeAPI
 from tests.cluster.apiserver import REPO, ApiError, Cluster
 from tests.unit.deviceplugin.fake_sysfs import FakeSysfs
 

@@ -16,7 +16,7 @@ import pytest
 from deviceplugin.dra import claims
 from deviceplugin.dra.claims import ClaimCache, pod_claims
 from deviceplugin.dra.slices import DRIVER
-from meta.sources.kubeapi import APIError, KubeAPI
+from kube.api import APIError, KubeAPI
 
 Json = dict[str, Any]
 CLAIM_UID = "c-1"

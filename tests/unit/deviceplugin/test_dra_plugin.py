@@ -10,7 +10,7 @@ from cni.deviceinfo import dp_path
 from deviceplugin.dra.plugin import DraOptions, DraPlugin
 from deviceplugin.sysfs import discover
 from tests.unit.deviceplugin.fake_sysfs import FakeSysfs
-from tests.unit.meta.test_kubeconfig import write_kubeconfig
+from tests.unit.kube.test_kubeconfig import write_kubeconfig
 
 RESOURCE = "intel.com/sriov_dra"
 PF = "0000:03:00.0"

@@ -25,7 +25,7 @@ from deviceplugin.kubelet import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, d
 from deviceplugin.kubelet import pluginregistration_pb2 as reg_pb
 from deviceplugin.kubelet import pluginregistration_pb2_grpc as reg_grpc
 from deviceplugin.sysfs import discover
-from meta.sources.kubeapi import KubeAPI
+from kube.api import KubeAPI
 from tests.unit.deviceplugin.fake_sysfs import FakeSysfs
 
 DRIVER = "sriov.plexus.io"

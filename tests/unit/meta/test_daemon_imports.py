@@ -46,8 +46,8 @@ def test_the_daemon_loads_netlink_and_in_process_ipam_with_their_first_use() -> 
 
 
 def test_the_daemon_talks_to_the_api_server_without_urllib3() -> None:
-    """meta/sources/kubeapi.py is on http.client: urllib3 would cost ~0.6 ms a request."""
+    """kube/api.py is on http.client: urllib3 would cost ~0.6 ms a request."""
     loaded = _modules_after("import meta.daemon.main\nimport meta.sources.kube")
 
-    assert "meta.sources.kubeapi" in loaded
+    assert "kube.api" in loaded
     assert not any(name.split(".")[0] == "urllib3" for name in loaded)

@@ -28,6 +28,7 @@ from deviceplugin.dra.prepare import ClaimRef, PoolDevice, Preparer
 from deviceplugin.dra.slices import DRIVER, device_name, node_slices, pool_name
 from deviceplugin.dra.state import PreparedState
 from deviceplugin.sysfs import PciNetDevice, discover
+from kube.api import APIError, KubeAPI
 from meta.config import MetaConfig
 from meta.plugin import MetaPlugin
 from meta.selection import NETWORKS_ANNOTATION
@@ -38,7 +39,6 @@ from meta.sources.base import (
     PodClaim,
 )
 from meta.sources.claims import GROUP_PATH, SLICE_PATH, KubeClaims
-from meta.sources.kubeapi import APIError, KubeAPI
 from tests.vm.guest.conftest import NumVfs, driver_of, host_netdev, rebind, sh
 
 NODE = "vm-node"

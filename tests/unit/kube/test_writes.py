@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from meta.sources import writes
-from meta.sources.kubeapi import APIError
-from meta.sources.writes import BackgroundWriter, Write
+from kube import writes
+from kube.api import APIError
+from kube.writes import BackgroundWriter, Write
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from cni.errors import CNIError, ErrorCode
-from meta.sources.kubeapi import APIError
+from kube.api import APIError
 
 log = logging.getLogger("plexus.kube")
 

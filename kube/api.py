@@ -1,7 +1,7 @@
 """A small Kubernetes API client over http.client: JSON requests and watch streams.
 
 The official client is used only to load a kubeconfig or the in-cluster config (in a
-child process: see meta/sources/kubeconfig.py); requests go straight to the REST paths,
+child process: see kube/kubeconfig.py); requests go straight to the REST paths,
 so objects stay plain dicts and a watch is one streamed response read line by line.
 Requests share kept-alive connections (`_Connections`); each watch holds one of its own.
 The stdlib's http.client, not urllib3 on top of it: a pods/status PATCH costs ~0.6 ms
@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from cni.errors import CNIError, ErrorCode
-from meta.sources.kubeconfig import Credentials
+from kube.kubeconfig import Credentials
 
 IDLE_CONNECTIONS = 16
 """Kept-alive connections kept for the next requests (concurrent calls use more)."""

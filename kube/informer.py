@@ -8,7 +8,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from meta.sources.kubeapi import APIError, KubeAPI
+from kube.api import APIError, KubeAPI
 
 log = logging.getLogger("plexus.kube")
 

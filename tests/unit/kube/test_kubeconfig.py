@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from cni.errors import CNIError, ErrorCode
-from meta.sources.kubeconfig import Credentials
+from kube.kubeconfig import Credentials
 
 CA = "-----BEGIN CERTIFICATE-----\nY2E=\n-----END CERTIFICATE-----\n"
 CERT = "-----BEGIN CERTIFICATE-----\nY2VydA==\n-----END CERTIFICATE-----\n"
@@ -98,7 +98,7 @@ def test_the_kubernetes_package_never_enters_the_caller(tmp_path: Path) -> None:
     )
     probe = (
         "import sys\n"
-        "from meta.sources.kubeapi import KubeAPI\n"
+        "from kube.api import KubeAPI\n"
         f"KubeAPI({config!r})\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))\n"
     )

@@ -1,4 +1,4 @@
-"""meta/sources/kubeapi.py's transport: kept-alive connections, their loss, bounds, watches.
+"""kube/api.py's transport: kept-alive connections, their loss, bounds, watches.
 
 Against a FAKE API server (http.server on loopback, HTTP/1.1): these are the connection
 behaviours a real kube-apiserver cannot be made to show on demand; the cluster tier
@@ -17,8 +17,8 @@ from typing import ClassVar
 
 import pytest
 
-from meta.sources.kubeapi import APIError, KubeAPI
-from tests.unit.meta.test_kubeconfig import write_kubeconfig
+from kube.api import APIError, KubeAPI
+from tests.unit.kube.test_kubeconfig import write_kubeconfig
 
 
 class FakeAPIServer(BaseHTTPRequestHandler):

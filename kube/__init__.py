@@ -1,0 +1,1 @@
+"""The Kubernetes API client shared by the meta-plugin, the device plugins and the cluster IPAM."""
