@@ -9,7 +9,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from meta.config import MetaConfig
 
 DEFAULT_CNI_PATH = "/opt/cni/bin:/usr/lib/cni"
 VERBS = ("add", "check", "del", "status", "gc", "version")
@@ -156,19 +159,34 @@ def inspect_node(config_file: str, as_json: bool) -> int:
     """Print the node report; 0 when healthy, 1 with problems, 2 on a bad config."""
     from cni.errors import CNIError
     from meta import inspection
-    from meta.config import load_meta_config
 
     try:
-        raw = json.loads(Path(config_file).read_bytes())
-        if isinstance(raw, dict) and isinstance(raw.get("plugins"), list) and raw["plugins"]:
-            raw = raw["plugins"][0]  # 00-plexus.conflist: the plexus plugin is the only one
-        conf = load_meta_config(json.dumps(raw).encode())
+        conf = load_node_config(config_file)
     except (OSError, ValueError, CNIError) as exc:
         print(f"plexus inspect: {config_file}: {exc}", file=sys.stderr)
         return 2
     report = inspection.inspect_node(conf)
     print(inspection.to_json(report) if as_json else inspection.render(report))
     return 0 if report.healthy else 1
+
+
+def load_node_config(config_file: str) -> MetaConfig:
+    """The plexus config in a conflist (00-plexus.conflist), or a daemon config file."""
+    from cni import jsonio
+    from cni.config import load_network_config, plugin_stdin
+    from cni.errors import CNIError, ErrorCode
+    from meta.config import load_meta_config
+    from meta.daemon.config import load_daemon_config
+
+    data = Path(config_file).read_bytes()
+    raw = jsonio.loads(data, config_file)
+    if not (isinstance(raw, dict) and "plugins" in raw):
+        return load_daemon_config(config_file)
+    net = load_network_config(data)
+    for plugin in net.plugins:
+        if plugin["type"] in ("plexus", "plexus-thin"):
+            return load_meta_config(plugin_stdin(net, plugin, {}, None))
+    raise CNIError(ErrorCode.INVALID_CONFIG, f"no plexus plugin in network {net.name!r}")
 
 
 def replay(args: argparse.Namespace) -> int:

@@ -49,6 +49,14 @@ DAEMON_KEYS = frozenset(
         "cniConfigDir",
         "generatedConfigName",
         "apiWriteBacklog",
+        "multusConfigFile",
+        "multusAutoconfigDir",
+        "multusMasterCNI",
+        "forceCNIVersion",
+        "overrideNetworkName",
+        "daemonSocketDir",
+        "perNodeCertificate",
+        "auxiliaryCNIChainName",
     }
 )
 """meta.daemon.config.DaemonConfig's own keys (the shim reads socketDir from every call)."""

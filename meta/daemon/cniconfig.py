@@ -19,19 +19,13 @@ from typing import Any
 
 from cni.fileio import write_atomic
 from meta.attachments import CONF_SUFFIXES
-from meta.daemon.config import DaemonConfig
+from meta.daemon.config import DAEMON_ONLY_KEYS, NETWORK_NAME, DaemonConfig
 
 log = logging.getLogger("plexus.daemon")
 
-NETWORK_NAME = "plexus-cni-network"
-# Keys of the daemon's config that mean nothing to the per-call engine.
-_DAEMON_ONLY = {
-    "metricsPort",
-    "metricsBindAddress",
-    "maxConcurrentRequests",
-    "cniConfigDir",
-    "generatedConfigName",
-}
+# Keys of the daemon's config that mean nothing to the per-call engine (the shim reads
+# socketDir from each call's config).
+_DAEMON_ONLY = DAEMON_ONLY_KEYS - {"socketDir"}
 _OWN_KEYS = {"cniVersion", "name", "type", "delegates", "capabilities", "runtimeConfig"}
 
 
