@@ -1,8 +1,10 @@
-"""A plugin's stdin, stdout and stderr, exchanged within a timeout, and its exit.
+"""A plugin's stdin, stdout and stderr, exchanged within a timeout and a size, and its exit.
 
 `Popen.communicate(timeout=...)` ends in `Popen.wait(timeout)`, which looks for the
 child's exit between sleeps of 1, 2, 4... ms: ~1.1 ms per exec of a plugin that answers
 at once (docs/performance.md). Here the exit is awaited on a pidfd, where there is one.
+A plugin's stdout and stderr are each read up to MAX_OUTPUT: the daemon holds them in
+memory, and a plugin is not trusted to print little.
 """
 
 from __future__ import annotations
@@ -17,6 +19,17 @@ from collections.abc import Callable
 from cni.callscope import kill_group
 
 _CHUNK = 65536
+MAX_OUTPUT = 8 << 20
+"""Bytes read at most from each of a plugin's stdout and stderr (a result is a few KiB)."""
+
+
+class OutputOverflow(Exception):
+    """The child printed more than MAX_OUTPUT bytes on `stream` ("stdout" or "stderr");
+    its process group was killed and it is reaped."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(f"more than {MAX_OUTPUT >> 20} MiB on {stream}")
+        self.stream = stream
 
 
 def communicate(
@@ -28,7 +41,8 @@ def communicate(
     """Write `stdin`, read stdout and stderr to their end, reap `proc`: (stdout, stderr,
     expired). Once `timeout` has passed, `proc`'s process group is killed, what it wrote
     is still read, and `expired` is True. `fed` is called once `proc` has all of `stdin`
-    (or has stopped reading it).
+    (or has stopped reading it). Past MAX_OUTPUT bytes on stdout or stderr, `proc`'s
+    process group is killed, `proc` reaped and OutputOverflow raised.
 
     As much of `stdin` as the pipe takes (a CNI config always fits) is written before
     anything else, so the plugin never waits for this thread to get the interpreter back.
@@ -45,12 +59,13 @@ def communicate(
         proc.stdin.close()
         fed()
     expired = False
+    overflow = ""
     with selectors.DefaultSelector() as selector:
         for fd in output:
             selector.register(fd, selectors.EVENT_READ)
         if pending:
             selector.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
-        while selector.get_map():
+        while selector.get_map() and not overflow:
             ready = selector.select(_left(deadline))
             if not ready:
                 kill_group(proc)
@@ -64,14 +79,20 @@ def communicate(
                         fed()
                 elif chunk := os.read(key.fd, _CHUNK):
                     output[key.fd] += chunk
+                    if len(output[key.fd]) > MAX_OUTPUT:
+                        kill_group(proc)
+                        overflow = "stdout" if key.fd == out else "stderr"
+                        break
                 else:
                     selector.unregister(key.fd)
     if not _exits_within(proc, _left(deadline)):
         kill_group(proc)
         expired = True
     proc.wait()
-    proc.stdout.close()
+    proc.stdout.close()  # a writer that escaped the group now gets EPIPE
     proc.stderr.close()
+    if overflow:
+        raise OutputOverflow(overflow)
     return bytes(output[out]), bytes(output[err]), expired
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from cni import callscope
-from cni.communicate import communicate
+from cni.communicate import MAX_OUTPUT, OutputOverflow, communicate
 from cni.env import ENV_VARS, cni_env
 from cni.errors import CNIError, ErrorCode
 from cni.version import CURRENT_VERSION
@@ -151,7 +151,15 @@ def _exec(
             return _EXEC_FAILED, b"", _BUSY
         raise CNIError(ErrorCode.IO_FAILURE, f"cannot exec plugin {binary}", str(err)) from None
     with scope.running(proc, env.get("CNI_COMMAND", "")):
-        stdout, stderr, expired = communicate(proc, stdin, timeout, scope.fed)
+        try:
+            stdout, stderr, expired = communicate(proc, stdin, timeout, scope.fed)
+        except OutputOverflow as exc:
+            raise CNIError(
+                ErrorCode.IO_FAILURE,
+                f"plugin {plugin_type} printed more than {MAX_OUTPUT >> 20} MiB on "
+                f"{exc.stream} and was killed",
+                "a CNI plugin prints one JSON result or error",
+            ) from None
     if expired:
         raise CNIError(
             ErrorCode.IO_FAILURE,

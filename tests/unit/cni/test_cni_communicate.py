@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from cni.communicate import communicate
+from cni.communicate import MAX_OUTPUT, OutputOverflow, communicate
 
 BIG = bytes(range(256)) * 4096  # 1 MiB: far more than a pipe holds
 
@@ -99,3 +100,44 @@ def test_without_pidfds_the_exit_is_polled_for(
     proc = _start("exec >&- 2>&-; sleep 0.3; exit 4")
     assert communicate(proc, b"", timeout)[2] is expired
     assert proc.returncode == returncode
+
+
+def test_output_of_exactly_the_bound_is_kept() -> None:
+    proc = _start(f"head -c {MAX_OUTPUT} /dev/zero; head -c {MAX_OUTPUT} /dev/zero >&2")
+    stdout, stderr, expired = communicate(proc, b"", 30)
+    assert (len(stdout), len(stderr), expired, proc.returncode) == (
+        MAX_OUTPUT,
+        MAX_OUTPUT,
+        False,
+        0,
+    )
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_output_past_the_bound_kills_the_group(stream: str, tmp_path: Path) -> None:
+    """A plugin printing too much is killed, with what it spawned, once it is past the
+    bound on either stream: its output is not held, the call does not wait for the
+    timeout."""
+    pidfile = tmp_path / "helper.pid"
+    redirect = "" if stream == "stdout" else ">&2"
+    flood = f"head -c {4 * MAX_OUTPUT} /dev/zero {redirect}"
+    proc = _start(f"sleep 60 & echo $! > {pidfile}; {flood}; exec sleep 60")
+    started = time.monotonic()
+    with pytest.raises(OutputOverflow) as exc:
+        communicate(proc, b"", 20)
+    assert exc.value.stream == stream and str(exc.value) == f"more than 8 MiB on {stream}"
+    assert time.monotonic() - started < 15
+    assert proc.returncode == -9 and proc.stdout is not None and proc.stdout.closed
+    helper = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while not _dead(helper) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _dead(helper)
+
+
+def _dead(pid: int) -> bool:
+    """Gone, or a zombie its new parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True

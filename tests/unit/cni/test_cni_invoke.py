@@ -165,3 +165,15 @@ def test_version_info_rejects_bad_output(make_plugin: PluginMaker, bin_dir: Path
     with pytest.raises(CNIError) as exc:
         version_info(ExecExecutor(), "odd", [str(bin_dir)])
     assert exc.value.code == ErrorCode.DECODE_FAILURE
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_a_plugin_printing_past_the_bound_fails_the_call(
+    make_plugin: PluginMaker, bin_dir: Path, stream: str
+) -> None:
+    flood = f"import sys, time\nsys.{stream}.write('x' * (32 << 20))\ntime.sleep(60)\n"
+    make_plugin("flood", flood)
+    with pytest.raises(CNIError) as exc:
+        run(bin_dir, "flood", timeout=20)
+    assert exc.value.code == ErrorCode.IO_FAILURE
+    assert exc.value.msg == f"plugin flood printed more than 8 MiB on {stream} and was killed"
