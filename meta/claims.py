@@ -14,15 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import Any, NamedTuple, Protocol
-
-from pydantic import BaseModel
+from typing import Any, NamedTuple
 
 from cni.errors import CNIError, ErrorCode
 from cni.result import Result
 from meta.delegate import Delegate
 from meta.devices import DeviceSource
-from meta.sources.base import Pod, PodClaim
+from meta.sources.base import ClaimDevice, ClaimSource, Pod, PodClaim
 
 RESOURCE_NAME_ATTRIBUTE = "k8s.cni.cncf.io/resourceName"
 DEVICE_ID_ATTRIBUTE = "k8s.cni.cncf.io/deviceID"
@@ -44,35 +42,6 @@ class DeviceAttributes(NamedTuple):
 
     resource_name: str
     device_id: str
-
-
-class ClaimDevice(BaseModel):
-    """One allocated device of a pod's claim that carries the Multus attributes."""
-
-    namespace: str
-    claim: str
-    uid: str
-    driver: str
-    pool: str
-    device: str
-    share_id: str = ""
-    resource_name: str
-    device_id: str
-
-
-class ClaimSource(Protocol):
-    """Reads a pod's claims (with the attributes of their devices), writes claim status."""
-
-    def claim_devices(self, pod: Pod) -> list[ClaimDevice]:
-        """The pod's allocated devices that carry the Multus attributes; CNIError when a
-        claim cannot be read, does not exist or is not allocated."""
-        ...
-
-    def set_device_status(
-        self, namespace: str, claim: str, uid: str, devices: list[dict[str, Any]]
-    ) -> None:
-        """Apply `status.devices` entries to a claim, bounded as the network-status write."""
-        ...
 
 
 def pod_claims(spec: dict[str, Any], status: dict[str, Any]) -> list[PodClaim]:

@@ -1,13 +1,10 @@
-"""The cluster-source interface the engine uses, and the objects it returns."""
+"""The cluster-source interface the engine uses (pods, NADs, DRA claims) and its objects."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, model_validator
-
-if TYPE_CHECKING:
-    from meta.claims import ClaimSource
 
 CONFIG_SOURCE_ANNOTATION = "kubernetes.io/config.source"
 CONFIG_MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -59,6 +56,35 @@ class NetworkAttachmentDefinition(BaseModel):
     def resource_name(self) -> str | None:
         """The device-plugin resource this network's devices come from, if any."""
         return self.annotations.get(RESOURCE_NAME_ANNOTATION) or None
+
+
+class ClaimDevice(BaseModel):
+    """One allocated device of a pod's claim that carries the Multus attributes."""
+
+    namespace: str
+    claim: str
+    uid: str
+    driver: str
+    pool: str
+    device: str
+    share_id: str = ""
+    resource_name: str
+    device_id: str
+
+
+class ClaimSource(Protocol):
+    """Reads a pod's claims (with the attributes of their devices), writes claim status."""
+
+    def claim_devices(self, pod: Pod) -> list[ClaimDevice]:
+        """The pod's allocated devices that carry the Multus attributes; CNIError when a
+        claim cannot be read, does not exist or is not allocated."""
+        ...
+
+    def set_device_status(
+        self, namespace: str, claim: str, uid: str, devices: list[dict[str, Any]]
+    ) -> None:
+        """Apply `status.devices` entries to a claim, bounded as the network-status write."""
+        ...
 
 
 class ClusterSource(Protocol):

@@ -28,14 +28,13 @@ from kube.informer import Informer
 from kube.writes import BackgroundWriter, Write, write_bounded
 from meta.claims import (
     FIELD_MANAGER,
-    ClaimDevice,
     DeviceAttributes,
     DeviceKey,
     allocated_devices,
     apply_body,
     slice_attributes,
 )
-from meta.sources.base import Pod, PodClaim
+from meta.sources.base import ClaimDevice, Pod, PodClaim
 
 GROUP_PATH = "/apis/resource.k8s.io/v1"
 SLICE_PATH = f"{GROUP_PATH}/resourceslices"

@@ -11,7 +11,6 @@ from cni.result import Result
 from meta.claims import (
     DEVICE_ID_ATTRIBUTE,
     RESOURCE_NAME_ATTRIBUTE,
-    ClaimDevice,
     ClaimedDevices,
     DeviceAttributes,
     DeviceKey,
@@ -22,7 +21,7 @@ from meta.claims import (
     status_by_claim,
 )
 from meta.delegate import Delegate
-from meta.sources.base import Pod, PodClaim
+from meta.sources.base import ClaimDevice, Pod, PodClaim
 from meta.sources.kube import _pod
 from tests.unit.meta.test_devices import FakeDevices
 
