@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 DEFAULT_PREFIX = "intel.com"  # the DP's --resource-prefix default
 _HEX_ID = re.compile(r"^[0-9a-fA-F]{4}$")
-_RESOURCE_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+# The operator also allows inner dashes (`net-device-1`), which the kubelet accepts.
+_RESOURCE_NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?$")
 _PREFIX = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
 _VF_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
@@ -107,7 +108,7 @@ class ResourceConfig(BaseModel):
     @classmethod
     def _name(cls, value: str) -> str:
         if not _RESOURCE_NAME.match(value):
-            raise ValueError(f"{value!r}: use only letters, digits and '_'")
+            raise ValueError(f"{value!r}: use only letters, digits, '_' and inner '-'")
         return value
 
     @field_validator("resource_prefix")

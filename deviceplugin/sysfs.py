@@ -45,6 +45,10 @@ class PciNetDevice:
     sriov_totalvfs: int | None = None
     default_route: bool = False  # one of its netdevs carries a default route
     pcie_root: str = ""  # the host bridge it hangs off (`pci0000:00`), "" if unknown
+    mac: str = ""  # of the first netdev, as the following three
+    mtu: int | None = None
+    admin_up: bool = False  # IFF_UP is set
+    speed: int | None = None  # Mb/s; None when unknown (e.g. the link is down)
 
     @property
     def is_vf(self) -> bool:
@@ -138,6 +142,21 @@ def _netdev_state(dev_dir: Path) -> tuple[tuple[str, ...], str, str]:
     return netdevs, "", ""
 
 
+IFF_UP = 0x1
+
+
+def _netdev_settings(net: Path) -> tuple[str, int | None, bool, int | None]:
+    """A netdev's MAC, MTU, admin state and speed (absent files: unknown)."""
+    flags = _read_int(net / "flags") or 0
+    speed = _read_int(net / "speed")
+    return (
+        _read(net / "address") or "",
+        _read_int(net / "mtu"),
+        bool(flags & IFF_UP),
+        speed if speed is not None and speed > 0 else None,
+    )
+
+
 def _pcie_root(dev_dir: Path) -> str:
     """The first directory under `<root>/devices` on the device's real path."""
     devices = dev_dir.parents[3] / "devices"  # dev_dir is <root>/bus/pci/devices/<address>
@@ -152,6 +171,9 @@ def read_device(dev_dir: Path, default_route_ifaces: Collection[str] = ()) -> Pc
     """Read one PCI function's directory (`<root>/bus/pci/devices/<address>`)."""
     address = dev_dir.name
     netdevs, link_type, operstate = _netdev_state(dev_dir)
+    mac, mtu, admin_up, speed = (
+        _netdev_settings(dev_dir / "net" / netdevs[0]) if netdevs else ("", None, False, None)
+    )
     numa = _read_int(dev_dir / "numa_node")
     pf_address = pf_netdev = None
     vf_index = None
@@ -181,6 +203,10 @@ def read_device(dev_dir: Path, default_route_ifaces: Collection[str] = ()) -> Pc
         sriov_totalvfs=_read_int(dev_dir / "sriov_totalvfs"),
         default_route=any(n in default_route_ifaces for n in netdevs),
         pcie_root=_pcie_root(dev_dir),
+        mac=mac,
+        mtu=mtu,
+        admin_up=admin_up,
+        speed=speed,
     )
 
 

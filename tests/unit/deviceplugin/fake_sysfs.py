@@ -49,6 +49,9 @@ class FakeSysfs:
         rdma: str | None = None,
         vdpa_driver: str | None = None,
         real_netdev: bool = False,
+        mtu: int | None = None,
+        mac: str = "",
+        flags: int | None = None,
     ) -> Path:
         """One PCI function; returns its directory. With `real_netdev` its netdev entry is
         a symlink to the real /sys/class/net/<netdev> of the reading process's namespace,
@@ -71,6 +74,10 @@ class FakeSysfs:
             net.mkdir(parents=True)
             (net / "type").write_text(f"{link_type}\n")
             (net / "operstate").write_text(operstate + "\n")
+            settings = {"mtu": mtu, "address": mac or None, "flags": flags and hex(flags)}
+            for name, value in settings.items():
+                if value is not None:
+                    (net / name).write_text(f"{value}\n")
         if iommu_group is not None:
             group = self.root / "kernel" / "iommu_groups" / str(iommu_group)
             group.mkdir(exist_ok=True)

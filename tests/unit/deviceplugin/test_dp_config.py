@@ -92,6 +92,7 @@ def test_parse_vf_spec() -> None:
         ({"selectors": [{}]}, "resourceList[0].resourceName"),
         ({"resourceName": "a b", "selectors": [{}]}, "resourceList[0].resourceName"),
         ({"resourceName": "a/b", "selectors": [{}]}, "resourceList[0].resourceName"),
+        ({"resourceName": "-a", "selectors": [{}]}, "resourceList[0].resourceName"),
         (
             {"resourceName": "a", "resourcePrefix": "bad/prefix", "selectors": [{}]},
             "resourceList[0].resourcePrefix",
