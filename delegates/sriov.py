@@ -24,7 +24,6 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cni import skel
@@ -38,12 +37,9 @@ from delegates.netns import NetnsGone, run_in_netns
 from delegates.rtnl import ETH_P_8021AD, ETH_P_8021Q, IFF_UP
 from delegates.sublink import decode_conf, parse_prev_result
 from delegates.vf import (
-    Vf,
     VfLock,
     apply_settings,
     cache_path,
-    find_vf,
-    netdev_of,
     read_cache,
     read_settings,
     rename,
@@ -52,6 +48,7 @@ from delegates.vf import (
     vf_lock,
     write_cache,
 )
+from deviceplugin.sysfs import NotAVf, Vf, device_dir, find_vf, netdev_of
 
 if TYPE_CHECKING:  # the standalone plugins start without importing it
     from cni.invoke import Executor
@@ -207,8 +204,15 @@ class SriovPlugin:
                 raise fail(f"VF {conf.device_id} is already in use by attachment {owner}")
             if cache_path(conf.data_dir, key).exists():
                 raise fail(f"attachment {key} already holds a VF: DEL it first")
-            vf = find_vf(conf.device_id, self.sysfs)
+            vf = self._find_vf(conf.device_id)
             return self._add(conf, args, vf, lock, key)
+
+    def _find_vf(self, pci: str, require_netdev: bool = True) -> Vf:
+        """sysfs.find_vf under this plugin's root; why it is no usable VF as the plugin's error."""
+        try:
+            return find_vf(pci, self.sysfs, require_netdev=require_netdev)
+        except NotAVf as exc:
+            raise fail(str(exc)) from None
 
     def _add(self, conf: SriovConf, args: CmdArgs, vf: Vf, lock: VfLock, key: str) -> Result:
         path = cache_path(conf.data_dir, key)
@@ -289,7 +293,7 @@ class SriovPlugin:
     def _undo(self, record: dict[str, Any], args: CmdArgs) -> None:
         """Put the VF back as it was: netdev home under its name, PF settings, netdev MAC."""
         errors = []
-        if not (Path(self.sysfs) / "bus/pci/devices" / record["pci"]).exists():
+        if not device_dir(record["pci"], self.sysfs).exists():
             log.warning("VF %s is gone (SR-IOV disabled?): nothing to restore", record["pci"])
             return
         if not record["dpdk"]:
@@ -363,7 +367,7 @@ class SriovPlugin:
         mine = [i for i in prev.interfaces if i.name == args.ifname and i.sandbox == args.netns]
         if not mine:
             raise fail(f"prevResult has no interface {args.ifname} in {args.netns}")
-        vf = find_vf(conf.device_id, self.sysfs, require_netdev=False)
+        vf = self._find_vf(conf.device_id, require_netdev=False)
         with netlink() as ipr:
             pf = find_link(ipr, vf.pf)
             if pf is None:

@@ -1,7 +1,7 @@
-"""SR-IOV VFs for the sriov plugin: sysfs lookup, PF-side settings, lock and saved state.
+"""SR-IOV VFs for the sriov plugin: PF-side settings, lock and saved state.
 
-`find_vf` reads sysfs (its root is a parameter, so unit tests can point it at a fake
-tree); the netlink helpers take an open `Rtnl` in the namespace they act in.
+The VF itself is looked up in sysfs by `deviceplugin.sysfs.find_vf`; the netlink helpers
+here take an open `Rtnl` in the namespace they act in.
 VF settings are keyed by the names the plugin reports in errors: mac, vlan (vlan, qos,
 proto), spoofchk, trust, link_state and rate (min, max in Mbps). The per-VF lock file and
 the saved state (one JSON file per attachment) live in the plugin's data dir.
@@ -16,7 +16,6 @@ import json
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +49,6 @@ from delegates.rtnl import (
 
 log = logging.getLogger("plexus.delegates")
 
-DPDK_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio"})
 SETTINGS = ("mac", "vlan", "spoofchk", "trust", "link_state", "rate")
 
 # IFLA_EXT_MASK bits (linux/rtnetlink.h), which pyroute2 0.9 names only in comments
@@ -66,65 +64,6 @@ _ONE_FIELD = {
     "trust": ("IFLA_VF_TRUST", "trust"),
     "link_state": ("IFLA_VF_LINK_STATE", "link_state"),
 }
-
-
-@dataclass(frozen=True)
-class Vf:
-    """A VF as sysfs shows it from the calling namespace."""
-
-    pci: str
-    pf: str  # the PF's netdev
-    index: int  # N in the PF's virtfnN
-    netdev: str  # "" when the VF has none here (DPDK, or moved to another namespace)
-    driver: str
-
-    @property
-    def dpdk(self) -> bool:
-        return not self.netdev and self.driver in DPDK_DRIVERS
-
-
-def _entries(path: Path) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
-
-
-def netdev_of(pci: str, root: str | Path = "/sys") -> str:
-    """The netdev of PCI device `pci` visible here, or ""."""
-    names = _entries(Path(root) / "bus/pci/devices" / pci / "net")
-    return names[0] if names else ""
-
-
-def find_vf(pci: str, root: str | Path = "/sys", *, require_netdev: bool = True) -> Vf:
-    """The VF at PCI address `pci`; CNIError if it is not a VF, its PF has no netdev, or
-    (with `require_netdev`) it has neither a netdev here nor a DPDK driver."""
-    dev = Path(root) / "bus/pci/devices" / pci
-    if not dev.exists():
-        raise fail(f"deviceID {pci}: no such PCI device in {dev.parent}")
-    physfn = dev / "physfn"
-    if not physfn.exists():
-        raise fail(f"deviceID {pci} is not an SR-IOV VF (it has no physfn)")
-    pfs = _entries(physfn / "net")
-    if not pfs:
-        raise fail(f"deviceID {pci}: its PF {os.path.basename(os.readlink(physfn))} has no netdev")
-    index = -1
-    for name in _entries(physfn):
-        is_link = name.startswith("virtfn") and name[6:].isdigit()
-        if is_link and os.path.basename(os.readlink(physfn / name)) == pci:
-            index = int(name[6:])
-            break
-    if index < 0:
-        raise fail(f"deviceID {pci}: not listed among the virtfnN links of PF {pfs[0]}")
-    driver_link = dev / "driver"
-    driver = os.path.basename(os.readlink(driver_link)) if driver_link.is_symlink() else ""
-    vf = Vf(pci=pci, pf=pfs[0], index=index, netdev=netdev_of(pci, root), driver=driver)
-    if require_netdev and not vf.netdev and not vf.dpdk:
-        raise fail(
-            f"VF {pci} (driver {driver or 'none'}) has no netdev in this namespace "
-            "and is not bound to a DPDK driver: is it in use by another pod?"
-        )
-    return vf
 
 
 def read_settings(nl: Rtnl, pf_index: int, vf: int) -> dict[str, Any]:

@@ -24,12 +24,10 @@ from typing import Any
 from cni import deviceinfo
 from deviceplugin.config import ResourceConfig
 from deviceplugin.kubelet import deviceplugin_pb2 as pb
-from deviceplugin.sysfs import PciNetDevice
+from deviceplugin.sysfs import UIO_DRIVERS, VFIO_DRIVERS, PciNetDevice, device_dir
 
 log = logging.getLogger("plexus.deviceplugin")
 
-VFIO_DRIVERS = frozenset({"vfio-pci"})
-UIO_DRIVERS = frozenset({"igb_uio", "uio_pci_generic"})
 RW = "mrw"
 
 
@@ -53,7 +51,7 @@ def vfio_nodes(dev: PciNetDevice, dev_root: Path) -> tuple[str, str]:
 
 def uio_node(dev: PciNetDevice, sysfs_root: Path, dev_root: Path) -> str:
     """The VF's /dev/uioN ("" if its uio driver made none)."""
-    uio = sysfs_root / "bus" / "pci" / "devices" / dev.address / "uio"
+    uio = device_dir(dev.address, sysfs_root) / "uio"
     names = sorted(os.listdir(uio)) if uio.is_dir() else []
     return str(dev_root / names[0]) if names else ""
 

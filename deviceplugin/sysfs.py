@@ -1,8 +1,10 @@
-"""Discovery of PCI network devices (PFs and SR-IOV VFs) from sysfs.
+"""PCI network devices (PFs and SR-IOV VFs) as sysfs shows them: the one reader of sysfs.
 
-Everything is read below a configurable root (default `/sys`) so tests can point it at
-a fake tree. Which interfaces carry a default route is an input, not read here: the
-CLI gets it from `/proc/net/route` and `/proc/net/ipv6_route` (`default_route_ifaces`).
+`discover` lists them for the device plugin, DRA and provisioning; `find_vf` looks one VF
+up for the sriov CNI plugin. Everything is read below a configurable root (default
+`/sys`) so tests can point it at a fake tree. Which interfaces carry a default route is
+an input, not read here: the CLI gets it from `/proc/net/route` and
+`/proc/net/ipv6_route` (`default_route_ifaces`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ NETWORK_CLASS = 0x02  # PCI base class "network controller"
 LINK_TYPES = {1: "ether", 32: "infiniband", 772: "loopback"}
 # vDPA bus drivers and the `vdpaType` they stand for.
 VDPA_DRIVERS = {"vhost_vdpa": "vhost", "virtio_vdpa": "virtio"}
+# Drivers that hand a VF to userspace (DPDK): it then has no netdev.
+VFIO_DRIVERS = frozenset({"vfio-pci"})
+UIO_DRIVERS = frozenset({"igb_uio", "uio_pci_generic"})
+USERSPACE_DRIVERS = VFIO_DRIVERS | UIO_DRIVERS
 _VIRTFN = re.compile(r"^virtfn(\d+)$")
 
 
@@ -221,6 +227,68 @@ def discover(
         if is_network_class(dev_dir):
             found.append(read_device(dev_dir, default_route_ifaces))
     return found
+
+
+@dataclass(frozen=True)
+class Vf:
+    """A VF as the sriov plugin needs it, seen from the calling namespace."""
+
+    pci: str
+    pf: str  # the PF's netdev
+    index: int  # N in the PF's virtfnN
+    netdev: str  # "" when the VF has none here (DPDK, or moved to another namespace)
+    driver: str
+
+    @property
+    def dpdk(self) -> bool:
+        return not self.netdev and self.driver in USERSPACE_DRIVERS
+
+
+class NotAVf(LookupError):
+    """A PCI address `find_vf` cannot hand out as a VF; the message says why."""
+
+
+def device_dir(address: str, root: str | os.PathLike[str] = DEFAULT_SYSFS) -> Path:
+    """A PCI function's directory, `<root>/bus/pci/devices/<address>`."""
+    return Path(root) / "bus" / "pci" / "devices" / address
+
+
+def driver_of(address: str, root: str | os.PathLike[str] = DEFAULT_SYSFS) -> str:
+    """The driver PCI function `address` is bound to, "" if none."""
+    return _link_name(device_dir(address, root) / "driver") or ""
+
+
+def netdev_of(address: str, root: str | os.PathLike[str] = DEFAULT_SYSFS) -> str:
+    """The netdev of PCI function `address` visible here, or ""."""
+    names = _listdir(device_dir(address, root) / "net")
+    return names[0] if names else ""
+
+
+def find_vf(
+    pci: str, root: str | os.PathLike[str] = DEFAULT_SYSFS, *, require_netdev: bool = True
+) -> Vf:
+    """The VF at PCI address `pci`; NotAVf if it is not a VF, its PF has no netdev, or
+    (with `require_netdev`) it has neither a netdev here nor a DPDK driver."""
+    dev = device_dir(pci, root)
+    if not dev.exists():
+        raise NotAVf(f"deviceID {pci}: no such PCI device in {dev.parent}")
+    physfn = dev / "physfn"
+    if not physfn.exists():
+        raise NotAVf(f"deviceID {pci} is not an SR-IOV VF (it has no physfn)")
+    pfs = _listdir(physfn / "net")
+    if not pfs:
+        raise NotAVf(f"deviceID {pci}: its PF {_link_name(physfn)} has no netdev")
+    index = _vf_index(physfn, pci)
+    if index is None:
+        raise NotAVf(f"deviceID {pci}: not listed among the virtfnN links of PF {pfs[0]}")
+    driver = driver_of(pci, root)
+    vf = Vf(pci=pci, pf=pfs[0], index=index, netdev=netdev_of(pci, root), driver=driver)
+    if require_netdev and not vf.netdev and not vf.dpdk:
+        raise NotAVf(
+            f"VF {pci} (driver {driver or 'none'}) has no netdev in this namespace "
+            "and is not bound to a DPDK driver: is it in use by another pod?"
+        )
+    return vf
 
 
 RTF_REJECT = 0x0200

@@ -8,28 +8,15 @@ root, so tests can point it at a fake tree.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from deviceplugin.allocate import UIO_DRIVERS, VFIO_DRIVERS
+from deviceplugin.sysfs import USERSPACE_DRIVERS, device_dir, driver_of
 
 NETDEVICE = "netdevice"
-USERSPACE_DRIVERS = VFIO_DRIVERS | UIO_DRIVERS
 
 
 class BindError(OSError):
     """A sysfs write refused; the message names the device, driver and file."""
-
-
-def current_driver(sysfs_root: Path, address: str) -> str:
-    try:
-        return os.path.basename(os.readlink(_device(sysfs_root, address) / "driver"))
-    except OSError:
-        return ""
-
-
-def _device(sysfs_root: Path, address: str) -> Path:
-    return sysfs_root / "bus" / "pci" / "devices" / address
 
 
 def _write(path: Path, value: str, what: str) -> None:
@@ -43,14 +30,14 @@ def _write(path: Path, value: str, what: str) -> None:
 def bind(sysfs_root: Path, address: str, driver: str, native: str = "") -> None:
     """Bind `address` to `driver` (`netdevice`: the driver the kernel picks, or `native`
     when that is known); nothing happens if it already has that driver."""
-    now = current_driver(sysfs_root, address)
+    now = driver_of(address, sysfs_root)
     if driver == NETDEVICE:
         if now and (now == native or (not native and now not in USERSPACE_DRIVERS)):
             return
     elif now == driver:
         return
     what = f"binding {address} to {driver}"
-    dev = _device(sysfs_root, address)
+    dev = device_dir(address, sysfs_root)
     _write(dev / "driver_override", "\n" if driver == NETDEVICE else driver, what)
     if now:
         _write(dev / "driver" / "unbind", address, what)

@@ -20,13 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from cni.fileio import make_durable
-from deviceplugin.allocate import UIO_DRIVERS, VFIO_DRIVERS, env_name, uio_node, vfio_nodes
+from deviceplugin.allocate import env_name, uio_node, vfio_nodes
 from deviceplugin.dra import bind, cdi
 from deviceplugin.dra.claims import ClaimCache
 from deviceplugin.dra.params import request_parameters
 from deviceplugin.dra.slices import DRIVER
 from deviceplugin.dra.state import PreparedClaim, PreparedDevice, PreparedState
-from deviceplugin.sysfs import PciNetDevice, read_device
+from deviceplugin.sysfs import (
+    USERSPACE_DRIVERS,
+    VFIO_DRIVERS,
+    PciNetDevice,
+    device_dir,
+    read_device,
+)
 from kube.api import APIError, KubeAPI
 
 Json = dict[str, Any]
@@ -174,7 +180,7 @@ class Preparer:
             if device.driver != device.driver_before:
                 # A VF on a userspace driver has no known kernel driver: the kernel picks.
                 before = device.driver_before
-                native = "" if before in bind.USERSPACE_DRIVERS else before
+                native = "" if before in USERSPACE_DRIVERS else before
                 bind.bind(self.sysfs_root, device.address, device.driver, native)
         spec = Path(claim.cdi_spec)
         return [spec] if cdi.write_spec(spec, self._cdi_devices(claim)) else []
@@ -191,9 +197,9 @@ class Preparer:
 
     def _device_nodes(self, d: PreparedDevice) -> tuple[str, ...]:
         """What a container needs of the VF in /dev: none for a netdevice."""
-        if d.driver not in VFIO_DRIVERS | UIO_DRIVERS:
+        if d.driver not in USERSPACE_DRIVERS:
             return ()
-        dev = read_device(self.sysfs_root / "bus" / "pci" / "devices" / d.address)
+        dev = read_device(device_dir(d.address, self.sysfs_root))
         if d.driver in VFIO_DRIVERS:
             return vfio_nodes(dev, self.dev_root)
         uio = uio_node(dev, self.sysfs_root, self.dev_root)
@@ -212,7 +218,7 @@ class Preparer:
             for device in claim.devices:
                 if device.driver == device.driver_before or not device.driver_before:
                     continue
-                if device.driver_before in bind.USERSPACE_DRIVERS:
+                if device.driver_before in USERSPACE_DRIVERS:
                     bind.bind(self.sysfs_root, device.address, device.driver_before)
                 else:
                     bind.bind(self.sysfs_root, device.address, bind.NETDEVICE, device.driver_before)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from deviceplugin.dra.bind import NETDEVICE, USERSPACE_DRIVERS
+from deviceplugin.dra.bind import NETDEVICE
 from deviceplugin.provision.crs import VFIO_PCI, PfConfig
 from deviceplugin.provision.record import PfRecord
-from deviceplugin.sysfs import PciNetDevice
+from deviceplugin.sysfs import USERSPACE_DRIVERS, PciNetDevice
 
 
 @dataclass(frozen=True)

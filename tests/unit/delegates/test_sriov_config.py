@@ -15,6 +15,7 @@ from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
 from cni.skel import dispatch
 from delegates.builtin import BuiltinExecutor
+from delegates.link import PLUGIN_ERROR
 from delegates.sriov import SriovPlugin, load_conf
 from delegates.vf import ETH_P_8021AD, ETH_P_8021Q, vf_lock
 from meta.install import BINARIES
@@ -126,8 +127,9 @@ def test_add_fails_on_bad_config_before_touching_anything(tmp_path: Path) -> Non
 def test_add_of_something_that_is_not_a_vf(tmp_path: Path) -> None:
     (tmp_path / "sys/bus/pci/devices" / PCI).mkdir(parents=True)
     data = tmp_path / "d"
-    with pytest.raises(CNIError, match="not an SR-IOV VF"):
+    with pytest.raises(CNIError, match="not an SR-IOV VF") as info:
         dispatch(SriovPlugin(str(tmp_path / "sys")), _args(_conf(dataDir=str(data))))
+    assert info.value.code == PLUGIN_ERROR
     assert not list(data.glob("*.json"))
 
 

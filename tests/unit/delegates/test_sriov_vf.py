@@ -1,4 +1,5 @@
-"""VF lookup in a fake sysfs tree (the host has no SR-IOV), VF settings, the per-VF lock."""
+"""VF lookup (deviceplugin.sysfs) in a fake sysfs tree (the host has no SR-IOV), VF settings,
+the per-VF lock."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 import pytest
 
 from cni.errors import CNIError
-from delegates.link import IFINFO, PLUGIN_ERROR, RTM_NEWLINK
+from delegates.link import IFINFO, RTM_NEWLINK
 from delegates.rtnl import Rtnl, parse_attrs
-from delegates.vf import ETH_P_8021AD, apply_settings, find_vf, netdev_of, vf_lock
+from delegates.vf import ETH_P_8021AD, apply_settings, vf_lock
+from deviceplugin.sysfs import NotAVf, find_vf, netdev_of
 
 PF = "0000:01:00.0"
 VF_NET = "0000:01:10.0"  # igbvf, has a netdev
@@ -66,10 +68,9 @@ def test_vf_bound_to_a_dpdk_driver(fake_sysfs: Path) -> None:
 
 
 def test_vf_without_netdev_or_dpdk_driver_is_in_use(fake_sysfs: Path) -> None:
-    with pytest.raises(CNIError) as info:
+    with pytest.raises(NotAVf) as info:
         find_vf(VF_BUSY, fake_sysfs)
-    assert info.value.code == PLUGIN_ERROR
-    assert "no netdev" in info.value.msg and "igbvf" in info.value.msg
+    assert "no netdev" in str(info.value) and "igbvf" in str(info.value)
     vf = find_vf(VF_BUSY, fake_sysfs, require_netdev=False)
     assert (vf.index, vf.netdev, vf.dpdk) == (2, "", False)
 
@@ -79,15 +80,15 @@ def test_vf_without_netdev_or_dpdk_driver_is_in_use(fake_sysfs: Path) -> None:
     [(PLAIN, "not an SR-IOV VF"), ("0000:09:00.0", "no such PCI device")],
 )
 def test_not_a_vf(fake_sysfs: Path, pci: str, words: str) -> None:
-    with pytest.raises(CNIError) as info:
+    with pytest.raises(NotAVf) as info:
         find_vf(pci, fake_sysfs)
-    assert words in info.value.msg and pci in info.value.msg
+    assert words in str(info.value) and pci in str(info.value)
 
 
 def test_pf_without_netdev(fake_sysfs: Path) -> None:
     for entry in (fake_sysfs / "bus/pci/devices" / PF / "net").iterdir():
         entry.rmdir()
-    with pytest.raises(CNIError, match="has no netdev"):
+    with pytest.raises(NotAVf, match=f"its PF {PF} has no netdev"):
         find_vf(VF_NET, fake_sysfs)
 
 
