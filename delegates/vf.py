@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cni.fileio import write_atomic
 from delegates.link import (
     IFINFO,
     delete_altname,
@@ -246,9 +247,7 @@ def cache_path(data_dir: str, key: str) -> Path:
 
 
 def write_cache(path: Path, record: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(record).encode())
 
 
 def read_cache(path: Path) -> dict[str, Any] | None:
