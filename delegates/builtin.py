@@ -11,6 +11,10 @@ CNI_PATH.
 execs an IPAM listed there (e.g. "host-local") from CNI_PATH instead of running
 delegates.ipam.dispatch's in-process one. The set travels with the
 plugin instance, so two executors with different settings never interfere.
+
+With `cluster_ipam` (the daemon's delegates.ipam.whereabouts.plugin.ClusterIPAM) the
+IPAM type `whereabouts` runs in process too: hosted plugins reach their IPAM through this
+executor, which serves it unless `exec_types` lists it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ HOSTED: dict[str, tuple[str, str]] = {
     "sriov": ("delegates.sriov", "SriovPlugin"),
 }
 """Plugin type -> (module, class); modules are imported on first use."""
+CLUSTER_IPAM = "whereabouts"
+"""The IPAM type `cluster_ipam` serves."""
 
 
 def hosted_plugin(
@@ -48,13 +54,23 @@ def hosted_plugin(
 class BuiltinExecutor:
     """cni.invoke.Executor: in-process for hosted types, `fallback` for the rest."""
 
-    def __init__(self, exec_types: Iterable[str] = (), fallback: Executor | None = None) -> None:
+    def __init__(
+        self,
+        exec_types: Iterable[str] = (),
+        fallback: Executor | None = None,
+        cluster_ipam: Plugin | None = None,
+    ) -> None:
         self.exec_types = frozenset(exec_types)
         self.fallback: Executor = fallback if fallback is not None else ExecExecutor()
+        self.cluster_ipam = cluster_ipam
 
     def hosts(self, plugin_type: str) -> bool:
         """True if `plugin_type` runs in-process."""
-        return plugin_type in HOSTED and plugin_type not in self.exec_types
+        if plugin_type in self.exec_types:
+            return False
+        return plugin_type in HOSTED or (
+            plugin_type == CLUSTER_IPAM and self.cluster_ipam is not None
+        )
 
     def run(self, plugin_type: str, stdin: bytes, env: Mapping[str, str]) -> bytes:
         """What the plugin would print on success; its CNIError on failure."""
@@ -62,7 +78,9 @@ class BuiltinExecutor:
             return self.fallback.run(plugin_type, stdin, env)
         args = cmd_args_from_env(env, stdin)
         try:
-            plugin = hosted_plugin(plugin_type, self.exec_types, self.fallback)
+            if plugin_type == CLUSTER_IPAM and self.cluster_ipam is not None:
+                return dispatch(self.cluster_ipam, args)
+            plugin = hosted_plugin(plugin_type, self.exec_types, self)
             return dispatch(plugin, args)
         except CNIError:
             raise

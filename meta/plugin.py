@@ -14,6 +14,7 @@ from cni.invoke import ExecExecutor, Executor, find_plugin, seen_from
 from cni.logs import StepLogger
 from cni.result import Result
 from cni.runtime import CNIRuntime
+from cni.skel import Plugin
 from meta.config import DEFAULT_WRITE_BACKLOG, MetaConfig, load_meta_config
 from meta.devices import DeviceSource
 from meta.engine import Engine
@@ -73,8 +74,10 @@ class MetaPlugin:
         configure_logging: bool = True,
         devices: DeviceSource | None = None,
         ready: Callable[[], bool] | None = None,
+        cluster_ipam: Plugin | None = None,
     ) -> None:
         self.ready = ready
+        self.cluster_ipam = cluster_ipam  # the daemon's in-process whereabouts (docs/ipam.md)
         self.source = source
         self.executor = executor
         self.configure_logging = configure_logging
@@ -115,6 +118,7 @@ class MetaPlugin:
             executor = BuiltinExecutor(
                 exec_types=set(conf.exec_delegates),
                 fallback=ExecExecutor(chroot_dir=conf.chroot_dir),
+                cluster_ipam=self.cluster_ipam,
             )
         runtime = CNIRuntime(paths, conf.cni_dir, executor)
         devices = self.devices

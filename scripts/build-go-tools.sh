@@ -137,7 +137,39 @@ build kube-controllers "$KUBE_VERSION" k8s.io/kubernetes "$(kube_ldflags)" kube_
     kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
     kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler
 
-for b in cnitool multus multus-daemon multus-shim etcd kube-apiserver kubelet \
+# whereabouts' CNI binary, which Plexus's in-process IPAM is compared with and benchmarked
+# against. Its go.mod has replace directives, so `go install pkg@version` refuses it: it is
+# built inside a copy of the downloaded module, with the ldflags of upstream's own build.
+WHEREABOUTS_VERSION=v0.9.4
+build_whereabouts() {
+    local module=github.com/k8snetworkplumbingwg/whereabouts version=$WHEREABOUTS_VERSION
+    local dir="$ROOT/whereabouts-$version" recipe src start=$SECONDS ldflags
+    ldflags="-X $module/pkg/version.Version=$version"
+    ldflags+=" -X $module/pkg/version.ReleaseStatus=released"
+    recipe="$GOVERSION $module@$version ldflags=[$ldflags] whereabouts=./cmd"
+    if [[ -x "$dir/whereabouts" && "$(cat "$dir/.recipe" 2>/dev/null)" == "$recipe" ]]; then
+        log "whereabouts $version: cached"
+    else
+        log "whereabouts $version: building (-p $JOBS)"
+        WORK=$(mktemp -d "${TMPDIR:-/tmp}/plexus-go-whereabouts.XXXXXX")
+        src=$(go mod download -json "$module@$version" |
+            sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+        cp -r "$src" "$WORK/src"
+        chmod -R u+w "$WORK/src"
+        (cd "$WORK/src" && go build -p "$JOBS" -trimpath -ldflags "-s -w $ldflags" \
+            -o "$WORK/whereabouts" ./cmd)
+        mkdir -p "$dir"
+        rm -f "$dir/.recipe"
+        mv -f "$WORK/whereabouts" "$dir/"
+        printf '%s\n' "$recipe" >"$dir/.recipe"
+        cleanup
+        log "whereabouts $version: built in $((SECONDS - start)) s"
+    fi
+    ln -sfn "../whereabouts-$version/whereabouts" "$ROOT/bin/whereabouts"
+}
+build_whereabouts
+
+for b in cnitool multus multus-daemon multus-shim whereabouts etcd kube-apiserver kubelet \
     kube-controller-manager kube-scheduler; do
     printf '%-15s %s\n' "$b" "$(readlink -f "$ROOT/bin/$b")"
 done

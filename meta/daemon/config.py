@@ -51,6 +51,10 @@ class DaemonConfig(MetaConfig):
     cni_conf_dir: str = Field("", alias="cniConfigDir")
     generated_name: str = Field(GENERATED_NAME, alias="generatedConfigName")
     api_write_backlog: int = Field(DEFAULT_WRITE_BACKLOG, alias="apiWriteBacklog", ge=1, le=65536)
+    # The in-process whereabouts IPAM (docs/ipam.md): where its pools live, how often this
+    # node's allocations are reconciled and dead nodes' released.
+    whereabouts_namespace: str = Field("kube-system", alias="whereaboutsNamespace")
+    ipam_reconcile_seconds: float = Field(60.0, alias="ipamReconcileSeconds", gt=0, le=86400)
     # Multus thick's daemon keys: honoured where Plexus does the same, else refused below.
     multus_config_file: str = Field("", alias="multusConfigFile")
     multus_autoconfig_dir: str = Field("", alias="multusAutoconfigDir")

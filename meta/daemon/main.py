@@ -45,7 +45,18 @@ def run_daemon(config_path: str, node_name: str) -> int:
         metrics.track_source(source)
         source.start()
     ready = threading.Event()
-    plugin = MetaPlugin(source=source, configure_logging=False, ready=ready.is_set)
+    ipam = None
+    if isinstance(source, KubeSource):
+        from meta.daemon.ipam import DaemonIPAM  # whereabouts in process: with an API only
+
+        ipam = DaemonIPAM(conf, source, node_name)
+        ipam.start(metrics)
+    plugin = MetaPlugin(
+        source=source,
+        configure_logging=False,
+        ready=ready.is_set,
+        cluster_ipam=ipam.ipam if ipam is not None else None,
+    )
     hotplug = HotplugWorker(plugin, conf)
     poller: StorePoller | None = None
     if isinstance(source, KubeSource):
@@ -96,6 +107,8 @@ def run_daemon(config_path: str, node_name: str) -> int:
     hotplug.stop()
     if http is not None:
         http.shutdown()
+    if ipam is not None:
+        ipam.stop()
     if isinstance(source, KubeSource):
         source.stop()
     log.info("daemon stopped")

@@ -1,0 +1,348 @@
+"""IPPools and OverlappingRangeIPReservations on the API server, in whereabouts' format.
+
+A pool is `IPPool` `<name>` in the store's namespace: `spec.range` and `spec.allocations`
+(offset -> `{id, podref, ifname}`). Reads come from a watch of the namespace's pools, or
+from the answer to this process's own last write when that is newer (resourceVersions
+compared as the integers the API server hands out). Writes are JSON patches that hold only
+if the pool still agrees with what the write assumed: an allocation tests that its offset
+is still absent, a release that the entry is still the one it read. The API server applies
+a patch to the pool as stored, atomically, so two writers never lose each other's
+allocations; a failed test (HTTP 422) means someone took the address first. whereabouts'
+own writes (a JSON patch with a resourceVersion test) interleave with these safely.
+
+Reservations (one per allocated address, named after it) are created and deleted whole:
+a create that finds one (409) means the address is held in an overlapping range. Plexus
+labels its reservations with the node that made them and annotates the pool, so GC and a
+dead node's release can find them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+from cni.errors import CNIError, ErrorCode
+from delegates.ipam.whereabouts.ranges import IPRange
+from kube.api import APIError, KubeAPI
+from kube.informer import Informer
+from kube.writes import retriable
+
+log = logging.getLogger("plexus.ipam")
+
+GROUP_VERSION = "whereabouts.cni.cncf.io/v1alpha1"
+NODE_LABEL = "ipam.plexus.io/node"
+"""On the reservations Plexus makes: the node whose daemon made the allocation."""
+POOL_ANNOTATION = "ipam.plexus.io/pool"
+"""On the reservations Plexus makes: the pool holding the allocation."""
+JSON_PATCH = "application/json-patch+json"
+
+
+class Taken(Exception):
+    """A conditional write found the pool or reservation changed: retry with fresh state."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One `spec.allocations` entry."""
+
+    id: str
+    podref: str
+    ifname: str = ""
+
+    def body(self) -> dict[str, str]:
+        """The entry as whereabouts writes it (`ifname` omitted when empty)."""
+        out = {"id": self.id, "podref": self.podref}
+        if self.ifname:
+            out["ifname"] = self.ifname
+        return out
+
+    @classmethod
+    def read(cls, raw: Any) -> Allocation | None:
+        if not isinstance(raw, dict):
+            return None
+        return cls(str(raw.get("id", "")), str(raw.get("podref", "")), str(raw.get("ifname", "")))
+
+
+@dataclass(eq=False)
+class Pool:
+    """An IPPool as read, with lookups computed once per version."""
+
+    namespace: str
+    name: str
+    range: str
+    resource_version: str
+    allocations: dict[str, Any]
+    _by_owner: dict[tuple[str, str], str] | None = field(default=None, repr=False)
+    _used: dict[str, frozenset[int]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def read(cls, obj: dict[str, Any]) -> Pool:
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        allocations = spec.get("allocations")
+        return cls(
+            namespace=str(meta.get("namespace", "")),
+            name=str(meta.get("name", "")),
+            range=str(spec.get("range", "")),
+            resource_version=str(meta.get("resourceVersion", "")),
+            allocations=allocations if isinstance(allocations, dict) else {},
+        )
+
+    def find(self, container_id: str, ifname: str) -> str | None:
+        """The key of the container+interface's allocation, if it holds one."""
+        if self._by_owner is None:
+            owners: dict[tuple[str, str], str] = {}
+            for key, raw in self.allocations.items():
+                entry = Allocation.read(raw)
+                if entry is not None:
+                    owners.setdefault((entry.id, entry.ifname), key)
+            self._by_owner = owners
+        return self._by_owner.get((container_id, ifname))
+
+    def used(self, rng: IPRange) -> frozenset[int]:
+        """The addresses of `rng` this pool holds (keys whereabouts cannot read skipped)."""
+        used = self._used.get(rng.cidr)
+        if used is None:
+            values = (rng.from_offset(key) for key in self.allocations)
+            used = self._used[rng.cidr] = frozenset(v for v in values if v is not None)
+        return used
+
+    def entry(self, key: str) -> Allocation | None:
+        return Allocation.read(self.allocations.get(key))
+
+    def newer_than(self, other: Pool) -> bool:
+        return _version(self.resource_version) > _version(other.resource_version)
+
+
+def _version(rv: str) -> int:
+    return int(rv) if rv.isdigit() else -1
+
+
+class PoolStore:
+    """The pools and reservations of one namespace."""
+
+    def __init__(self, api: KubeAPI, namespace: str, watch: bool = True) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.base = f"/apis/{GROUP_VERSION}/namespaces/{namespace}"
+        self.informer: Informer[Pool] | None = None
+        if watch:
+            self.informer = Informer(api, f"{self.base}/ippools", {}, Pool.read)
+        self._written: dict[str, Pool] = {}
+        self._inflight: dict[str, set[int]] = {}
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        if self.informer is not None:
+            self.informer.start()
+
+    def stop(self) -> None:
+        if self.informer is not None:
+            self.informer.stop()
+
+    def pools(self) -> list[Pool]:
+        """Every pool known (the watch's, with this process's newer writes)."""
+        with self._lock:
+            known = dict(self._written)
+        if self.informer is not None:
+            for (_, name), pool in list(self.informer.items.items()):
+                mine = known.get(name)
+                if mine is None or pool.newer_than(mine):
+                    known[name] = pool
+        return list(known.values())
+
+    # ---- pools ---------------------------------------------------------------
+
+    def get(self, name: str, cidr: str, create: bool = True) -> Pool | None:
+        """The pool as last seen; read from the API server when the watch has not synced,
+        created (empty) when it does not exist and `create` is set."""
+        cached = self._cached(name)
+        if cached is not None:
+            return cached
+        informer = self.informer
+        if informer is None or not informer.synced.is_set():
+            pool = self.refresh(name)
+            if pool is not None:
+                return pool
+        if not create:
+            return None
+        return self._create(name, cidr)
+
+    def refresh(self, name: str) -> Pool | None:
+        """The pool as the API server has it now (None if it does not exist)."""
+        obj = self._call("GET", f"{self.base}/ippools/{name}", missing_ok=True)
+        if obj is None:
+            self._forget(name)
+            return None
+        return self._remember(Pool.read(obj))
+
+    def _cached(self, name: str) -> Pool | None:
+        with self._lock:
+            mine = self._written.get(name)
+        seen = self.informer.get(self.namespace, name) if self.informer is not None else None
+        if seen is None:
+            return mine
+        if mine is None or not mine.newer_than(seen):
+            if mine is not None:
+                self._forget(name, mine)
+            return seen
+        return mine
+
+    def _create(self, name: str, cidr: str) -> Pool:
+        body = {
+            "apiVersion": GROUP_VERSION,
+            "kind": "IPPool",
+            "metadata": {"name": name},
+            "spec": {"range": cidr, "allocations": {}},
+        }
+        try:
+            obj = self._call("POST", f"{self.base}/ippools", body, taken=(409,))
+        except Taken:  # made by someone else meanwhile
+            pool = self.refresh(name)
+            if pool is None:
+                raise CNIError(
+                    ErrorCode.TRY_AGAIN_LATER, f"IPPool {name} was created and deleted at once"
+                ) from None
+            return pool
+        assert obj is not None
+        return self._remember(Pool.read(obj))
+
+    def add(self, pool: Pool, key: str, entry: Allocation) -> Pool:
+        """Write `entry` at `key` if the key is still free; Taken if it is not."""
+        path = f"/spec/allocations/{key}"
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": path, "value": None},
+            {"op": "add", "path": path, "value": entry.body()},
+        ]
+        return self._patch(pool, ops)
+
+    def remove(self, pool: Pool, key: str) -> Pool:
+        """Drop the allocation at `key` if it is still the one `pool` holds; Taken if not."""
+        path = f"/spec/allocations/{key}"
+        ops = [
+            {"op": "test", "path": path, "value": pool.allocations[key]},
+            {"op": "remove", "path": path},
+        ]
+        return self._patch(pool, ops)
+
+    def _patch(self, pool: Pool, ops: list[dict[str, Any]]) -> Pool:
+        try:
+            obj = self._call(
+                "PATCH", f"{self.base}/ippools/{pool.name}", ops, JSON_PATCH, True, (422,)
+            )
+        except Taken:
+            self._forget(pool.name)
+            raise
+        if obj is None:  # deleted since it was read
+            self._forget(pool.name)
+            raise Taken(pool.name)
+        return self._remember(Pool.read(obj))
+
+    def _remember(self, pool: Pool) -> Pool:
+        with self._lock:
+            known = self._written.get(pool.name)
+            if known is None or pool.newer_than(known) or known is pool:
+                self._written[pool.name] = pool
+        return pool
+
+    def _forget(self, name: str, only: Pool | None = None) -> None:
+        with self._lock:
+            if only is None or self._written.get(name) is only:
+                self._written.pop(name, None)
+
+    @contextmanager
+    def picking(self, name: str, pick: Callable[[set[int]], int | None]) -> Iterator[int | None]:
+        """Run `pick` with the addresses other calls of this process are writing to pool
+        `name` now, and hold the one it picks until the block ends: concurrent ADDs on one
+        node choose different addresses instead of racing for one."""
+        with self._lock:
+            busy = self._inflight.setdefault(name, set())
+            value = pick(busy)
+            if value is not None:
+                busy.add(value)
+        try:
+            yield value
+        finally:
+            if value is not None:
+                with self._lock:
+                    busy.discard(value)
+                    if not busy:
+                        self._inflight.pop(name, None)
+
+    # ---- reservations ----------------------------------------------------------
+
+    def reserve(
+        self,
+        name: str,
+        spec: dict[str, str],
+        labels: dict[str, str],
+        annotations: dict[str, str],
+    ) -> dict[str, Any]:
+        """Create reservation `name`; Taken if it exists."""
+        body = {
+            "apiVersion": GROUP_VERSION,
+            "kind": "OverlappingRangeIPReservation",
+            "metadata": {"name": name, "labels": labels, "annotations": annotations},
+            "spec": spec,
+        }
+        obj = self._call("POST", f"{self.base}/overlappingrangeipreservations", body, taken=(409,))
+        assert obj is not None
+        return obj
+
+    def reservation(self, name: str) -> dict[str, Any] | None:
+        return self._call(
+            "GET", f"{self.base}/overlappingrangeipreservations/{name}", missing_ok=True
+        )
+
+    def unreserve(self, obj: dict[str, Any]) -> None:
+        """Delete the reservation `obj` if it is still that object (uid and version)."""
+        meta = obj.get("metadata") or {}
+        body = {
+            "preconditions": {
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            }
+        }
+        path = f"{self.base}/overlappingrangeipreservations/{meta.get('name', '')}"
+        try:
+            self._call("DELETE", path, body, missing_ok=True, taken=(409,))
+        except Taken:
+            log.info("reservation changed before its delete; left", extra={"name": path})
+
+    def reservations(self, selector: str) -> list[dict[str, Any]]:
+        """The reservations matching label selector `selector`."""
+        query = urlencode({"labelSelector": selector})
+        obj = self._call("GET", f"{self.base}/overlappingrangeipreservations?{query}")
+        items = (obj or {}).get("items") or []
+        return [i for i in items if isinstance(i, dict)]
+
+    # ---- transport -------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        missing_ok: bool = False,
+        taken: tuple[int, ...] = (),
+    ) -> dict[str, Any] | None:
+        """One request; None for a 404 when `missing_ok`; Taken for a status in `taken`
+        (a failed condition); a CNIError (11 when worth retrying later, else 5) for the rest."""
+        try:
+            return self.api.request(method, path, body, content_type)
+        except APIError as exc:
+            if exc.status == 404 and missing_ok:
+                return None
+            if exc.status in taken:
+                raise Taken(path) from exc
+            code = ErrorCode.TRY_AGAIN_LATER if retriable(exc) else ErrorCode.IO_FAILURE
+            raise CNIError(code, f"whereabouts: {method} {path} failed", str(exc)) from exc
+        except OSError as exc:
+            raise CNIError(
+                ErrorCode.TRY_AGAIN_LATER, "whereabouts: the API server is unreachable", str(exc)
+            ) from exc

@@ -1,0 +1,392 @@
+"""Plexus's in-process whereabouts against a real kube-apiserver, and beside the real binary.
+
+Each test keeps its pools in a namespace of its own. Plexus's IPAM is
+delegates.ipam.whereabouts.plugin.ClusterIPAM (as the daemon makes it, with a watch of
+the pools), called with the CNI arguments a runtime gives an IPAM; whereabouts is its
+v0.9.4 binary (scripts/build-go-tools.sh) with a kubeconfig and flat file of the test's.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from ipaddress import ip_address, ip_interface
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni import callscope
+from cni.errors import CNIError, ErrorCode
+from cni.skel import dispatch
+from delegates.ipam.common import CHECK_FAILED
+from delegates.ipam.whereabouts.plugin import ClusterIPAM
+from kube.api import KubeAPI
+from tests.cluster.apiserver import Cluster
+from tests.cluster.whereabouts import (
+    WhereaboutsBinary,
+    allocations,
+    binary_missing,
+    install_crds,
+    ipam_args,
+    ipam_conf,
+    pool,
+    reservations,
+)
+
+Json = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def crds(cluster: Cluster) -> Cluster:
+    install_crds(cluster)
+    return cluster
+
+
+@pytest.fixture
+def ipam(crds: Cluster, namespace: str) -> Iterator[ClusterIPAM]:
+    """The daemon's IPAM for node `node-a`, its pools in the test's namespace."""
+    plugin = ClusterIPAM(KubeAPI(str(crds.kubeconfig)), "node-a", namespace)
+    plugin.start()
+    assert plugin.store.informer is not None
+    assert plugin.store.informer.synced.wait(30)
+    yield plugin
+    plugin.stop()
+
+
+def add(plugin: ClusterIPAM, conf: Json, cid: str, **kw: Any) -> list[str]:
+    """ADD through skel (as the daemon's executor calls it): the addresses given."""
+    out = json.loads(dispatch(plugin, ipam_args("ADD", conf, cid, **kw)))
+    return [ip["address"] for ip in out.get("ips", [])]
+
+
+def held(cluster: Cluster, namespace: str, name: str, base: str) -> dict[str, str]:
+    """The pool's addresses (from `base`, its network address) -> container ID."""
+    net = ip_address(base)
+    return {str(net + int(k)): v["id"] for k, v in allocations(cluster, namespace, name).items()}
+
+
+# ---- config forms ---------------------------------------------------------------------
+
+
+def test_a_cidr_range_fills_its_pool_from_the_lowest_address(
+    ipam: ClusterIPAM, crds: Cluster, namespace: str
+) -> None:
+    conf = ipam_conf({"type": "whereabouts", "range": "10.10.0.0/29", "gateway": "10.10.0.1"})
+    out = json.loads(dispatch(ipam, ipam_args("ADD", conf, "c1")))
+    assert out == {
+        "cniVersion": "1.0.0",
+        "ips": [{"address": "10.10.0.1/29", "gateway": "10.10.0.1"}],
+        "dns": {},
+    }
+    assert add(ipam, conf, "c2") == ["10.10.0.2/29"]
+    found = pool(crds, namespace, "10.10.0.0-29")
+    assert found is not None
+    assert found["spec"] == {
+        "range": "10.10.0.0/29",
+        "allocations": {
+            "1": {"id": "c1", "podref": "pods/pod-c1", "ifname": "net1"},
+            "2": {"id": "c2", "podref": "pods/pod-c2", "ifname": "net1"},
+        },
+    }
+    assert sorted(reservations(crds, namespace)) == ["10.10.0.1", "10.10.0.2"]
+
+
+def test_dash_form_bounds_and_exclusions(ipam: ClusterIPAM, namespace: str) -> None:
+    conf = ipam_conf(
+        {
+            "type": "whereabouts",
+            "range": "10.11.0.4-10.11.0.9/24",
+            "exclude": ["10.11.0.5", "10.11.0.6/31"],
+        }
+    )
+    got = [add(ipam, conf, f"c{i}")[0] for i in range(3)]
+    assert got == ["10.11.0.4/24", "10.11.0.8/24", "10.11.0.9/24"]
+    with pytest.raises(CNIError) as info:
+        add(ipam, conf, "c3")
+    assert info.value.code == ErrorCode.TRY_AGAIN_LATER
+    assert info.value.msg == (
+        "Could not allocate IP in range: ip: 10.11.0.4 / - 10.11.0.9 / range: 10.11.0.0/24"
+        " / excludeRanges: [10.11.0.5 10.11.0.6/31]"
+    )
+
+
+def test_range_start_end_keys_and_out_of_window_bounds_ignored(
+    ipam: ClusterIPAM, namespace: str
+) -> None:
+    inside = ipam_conf(
+        {"type": "whereabouts", "range": "10.12.0.0/24", "range_start": "10.12.0.200"}
+    )
+    assert add(ipam, inside, "c1") == ["10.12.0.200/24"]
+    outside = ipam_conf(
+        {"type": "whereabouts", "range": "10.13.0.0/24", "range_start": "10.99.0.1"},
+        name="other",
+    )
+    assert add(ipam, outside, "c2") == ["10.13.0.1/24"]
+
+
+def test_ipv6_and_dual_stack_with_network_name(
+    ipam: ClusterIPAM, crds: Cluster, namespace: str
+) -> None:
+    conf = ipam_conf(
+        {
+            "type": "whereabouts",
+            "network_name": "blue",
+            "ipRanges": [{"range": "10.14.0.0/28"}, {"range": "fd00:14::/120"}],
+        }
+    )
+    assert add(ipam, conf, "c1") == ["10.14.0.1/28", "fd00:14::1/120"]
+    assert add(ipam, conf, "c2") == ["10.14.0.2/28", "fd00:14::2/120"]
+    assert held(crds, namespace, "blue-fd00-14---120", "fd00:14::") == {
+        "fd00:14::1": "c1",
+        "fd00:14::2": "c2",
+    }
+    assert sorted(reservations(crds, namespace)) == [
+        "blue-10.14.0.1",
+        "blue-10.14.0.2",
+        "blue-fd00-14--1",
+        "blue-fd00-14--2",
+    ]
+
+
+def test_the_flat_file_fills_what_the_config_leaves_out(
+    ipam: ClusterIPAM, namespace: str, tmp_path: Path
+) -> None:
+    flat = tmp_path / "etc/cni/net.d/whereabouts.d/whereabouts.conf"
+    flat.parent.mkdir(parents=True)
+    flat.write_text(
+        json.dumps(
+            {
+                "range": "10.15.0.0/24",
+                "range_start": "10.15.0.50",
+                "gateway": "10.15.0.1",
+                "enable_overlapping_ranges": False,
+                "kubernetes": {"kubeconfig": "/nonexistent/ignored"},
+            }
+        )
+    )
+    conf = ipam_conf({"type": "whereabouts", "range_start": "10.15.0.7"})
+    with callscope.call_scope() as scope:
+        scope.root = str(tmp_path)
+        out = json.loads(dispatch(ipam, ipam_args("ADD", conf, "c1")))
+    # the config's own range_start wins, the flat file's range and gateway fill in
+    assert out["ips"] == [{"address": "10.15.0.7/24", "gateway": "10.15.0.1"}]
+
+
+def test_a_config_it_cannot_read_fails_naming_the_value(ipam: ClusterIPAM) -> None:
+    for ipam_conf_, msg in (
+        ({"type": "whereabouts", "range": "10.16.0.0/33"}, "invalid CIDR 10.16.0.0/33"),
+        (
+            {"type": "whereabouts", "range": "10.16.1.5-10.17.0.9/24"},
+            "invalid range start for CIDR 10.17.0.0/24: 10.16.1.5",
+        ),
+        ({"type": "whereabouts", "range": "10.16.0.0/24", "gateway": "x"}, "gateway IP: x"),
+        ({"type": "whereabouts", "network_name": "Blue", "range": "10.16.0.0/24"}, "'Blue-"),
+    ):
+        with pytest.raises(CNIError) as info:
+            add(ipam, ipam_conf(ipam_conf_), "c1")
+        assert info.value.code == ErrorCode.INVALID_CONFIG
+        assert msg in f"{info.value.msg} {info.value.details}"
+
+
+# ---- lifecycle --------------------------------------------------------------------------
+
+
+def test_add_again_gives_the_same_address_a_new_sandbox_of_the_name_another(
+    ipam: ClusterIPAM, crds: Cluster, namespace: str
+) -> None:
+    conf = ipam_conf({"type": "whereabouts", "range": "10.20.0.0/24"})
+    assert add(ipam, conf, "c1", pod="web-0") == ["10.20.0.1/24"]
+    assert add(ipam, conf, "c1", pod="web-0") == ["10.20.0.1/24"]
+    # A StatefulSet's pod made again under its name, before its predecessor's DEL.
+    assert add(ipam, conf, "c2", pod="web-0") == ["10.20.0.2/24"]
+    assert held(crds, namespace, "10.20.0.0-24", "10.20.0.0") == {
+        "10.20.0.1": "c1",
+        "10.20.0.2": "c2",
+    }
+
+
+def test_del_releases_by_container_and_interface_and_check_follows(
+    ipam: ClusterIPAM, crds: Cluster, namespace: str
+) -> None:
+    conf = ipam_conf({"type": "whereabouts", "range": "10.21.0.0/24"})
+    add(ipam, conf, "c1", ifname="net1")
+    add(ipam, conf, "c1", ifname="net2")
+    prev = {**conf, "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.21.0.1/24"}]}}
+    dispatch(ipam, ipam_args("CHECK", prev, "c1", ifname="net1"))
+    with pytest.raises(CNIError) as info:  # net2 holds .2, not what this result says
+        dispatch(ipam, ipam_args("CHECK", prev, "c1", ifname="net2"))
+    assert info.value.code == CHECK_FAILED
+
+    dispatch(ipam, ipam_args("DEL", conf, "c1", ifname="net1"))
+    assert held(crds, namespace, "10.21.0.0-24", "10.21.0.0") == {"10.21.0.2": "c1"}
+    assert sorted(reservations(crds, namespace)) == ["10.21.0.2"]
+    with pytest.raises(CNIError) as info:
+        dispatch(ipam, ipam_args("CHECK", conf, "c1", ifname="net1"))
+    assert info.value.code == CHECK_FAILED
+    dispatch(ipam, ipam_args("DEL", conf, "c1", ifname="net1"))  # again: nothing to do
+    dispatch(ipam, ipam_args("DEL", conf, "unknown"))
+    assert add(ipam, conf, "c3") == ["10.21.0.1/24"]  # the lowest free again
+
+
+def test_gc_releases_this_nodes_attachments_not_listed(
+    ipam: ClusterIPAM, crds: Cluster, namespace: str
+) -> None:
+    conf = ipam_conf({"type": "whereabouts", "range": "10.22.0.0/24"}, version="1.1.0")
+    for cid in ("c1", "c2", "c3"):
+        add(ipam, conf, cid)
+    other = ClusterIPAM(KubeAPI(str(crds.kubeconfig)), "node-b", namespace, watch=False)
+    add(other, conf, "b1")  # another node's: not this node's GC to release
+    valid = {**conf, "cni.dev/valid-attachments": [{"containerID": "c2", "ifname": "net1"}]}
+    dispatch(ipam, ipam_args("GC", valid, ""))
+    assert held(crds, namespace, "10.22.0.0-24", "10.22.0.0") == {
+        "10.22.0.2": "c2",
+        "10.22.0.4": "b1",
+    }
+    assert sorted(reservations(crds, namespace)) == ["10.22.0.2", "10.22.0.4"]
+
+
+def test_status_says_whether_pools_can_be_written(
+    ipam: ClusterIPAM, crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    conf = ipam_conf({"type": "whereabouts", "range": "10.23.0.0/24"}, version="1.1.0")
+    dispatch(ipam, ipam_args("STATUS", conf, ""))
+    nobody = crds.client_certificate("nobody", "plexus-nobody")
+    kubeconfig = tmp_path / "nobody.kubeconfig"
+    kubeconfig.write_text(
+        crds.kubeconfig.read_text()
+        .replace(str(crds.pki.admin_crt), str(nobody))  # type: ignore[union-attr]
+        .replace(str(crds.pki.admin_key), str(nobody))  # type: ignore[union-attr]
+    )
+    refused = ClusterIPAM(KubeAPI(str(kubeconfig)), "node-a", namespace, watch=False)
+    with pytest.raises(CNIError) as info:
+        dispatch(refused, ipam_args("STATUS", conf, ""))
+    assert info.value.code == ErrorCode.NOT_AVAILABLE
+    assert "403" in info.value.details
+
+
+# ---- many writers -----------------------------------------------------------------------
+
+
+def test_overlapping_ranges_never_share_an_address_unless_disabled(
+    ipam: ClusterIPAM, crds: Cluster, namespace: str
+) -> None:
+    wide = ipam_conf({"type": "whereabouts", "range": "10.24.0.0/24"}, name="wide")
+    narrow = ipam_conf({"type": "whereabouts", "range": "10.24.0.0/28"}, name="narrow")
+    assert add(ipam, wide, "c1") == ["10.24.0.1/24"]
+    assert add(ipam, narrow, "c2") == ["10.24.0.2/28"]  # .1 is reserved by the other pool
+    assert held(crds, namespace, "10.24.0.0-28", "10.24.0.0") == {"10.24.0.2": "c2"}
+    apart = ipam_conf(
+        {"type": "whereabouts", "range": "10.24.0.0/27", "enable_overlapping_ranges": False},
+        name="apart",
+    )
+    assert add(ipam, apart, "c3") == ["10.24.0.1/27"]
+
+
+def test_two_nodes_in_one_burst_get_distinct_addresses(
+    ipam: ClusterIPAM, crds: Cluster, namespace: str
+) -> None:
+    other = ClusterIPAM(KubeAPI(str(crds.kubeconfig)), "node-b", namespace)
+    other.start()
+    try:
+        conf = ipam_conf({"type": "whereabouts", "range": "10.25.0.0/26"})
+        calls = [(ipam if i % 2 else other, f"c{i}") for i in range(40)]
+        with ThreadPoolExecutor(8) as pool_:
+            got = list(pool_.map(lambda c: add(c[0], conf, c[1])[0], calls))
+    finally:
+        other.stop()
+    assert len(set(got)) == 40
+    stored = held(crds, namespace, "10.25.0.0-26", "10.25.0.0")
+    assert sorted(stored.values()) == sorted(cid for _, cid in calls)
+    assert {str(ip_interface(a).ip) for a in got} == set(stored)
+
+
+# ---- beside whereabouts itself ----------------------------------------------------------
+
+
+@pytest.fixture
+def whereabouts(crds: Cluster, namespace: str, tmp_path: Path) -> WhereaboutsBinary:
+    missing = binary_missing()
+    if missing:
+        pytest.skip(missing)
+    return WhereaboutsBinary(crds, namespace, tmp_path / "whereabouts")
+
+
+def test_pool_and_reservation_match_what_whereabouts_writes(
+    crds: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    missing = binary_missing()
+    if missing:
+        pytest.skip(missing)
+    theirs_ns, ours_ns = namespace, f"{namespace}-px"
+    crds.create_namespace(ours_ns)
+    binary = WhereaboutsBinary(crds, theirs_ns, tmp_path / "whereabouts")
+    ours = ClusterIPAM(KubeAPI(str(crds.kubeconfig)), "node-a", ours_ns, watch=False)
+    conf = ipam_conf(
+        {
+            "type": "whereabouts",
+            "network_name": "lan",
+            "ipRanges": [{"range": "10.26.0.0/24"}, {"range": "fd00:26::/112"}],
+            "gateway": "10.26.0.254",
+        }
+    )
+    for call in ("c1", "c2"):
+        args = ipam_args("ADD", conf, call, pod=f"web-{call}", ifname="net1")
+        theirs_out, ours_out = binary.run(args), json.loads(dispatch(ours, args))
+        assert [ip["address"] for ip in theirs_out["ips"]] == [
+            ip["address"] for ip in ours_out["ips"]
+        ]
+        # whereabouts gives the IPv4 gateway to the IPv6 address too; Plexus only to IPv4
+        assert [ip.get("gateway") for ip in theirs_out["ips"]] == ["10.26.0.254"] * 2
+        assert [ip.get("gateway") for ip in ours_out["ips"]] == ["10.26.0.254", None]
+    for name in ("lan-10.26.0.0-24", "lan-fd00-26---112"):
+        theirs, mine = pool(crds, theirs_ns, name), pool(crds, ours_ns, name)
+        assert theirs is not None and mine is not None
+        assert json.dumps(theirs["spec"], sort_keys=True) == json.dumps(
+            mine["spec"], sort_keys=True
+        )
+        assert (theirs["apiVersion"], theirs["kind"]) == (mine["apiVersion"], mine["kind"])
+    their_res, my_res = reservations(crds, theirs_ns), reservations(crds, ours_ns)
+    assert sorted(their_res) == sorted(my_res)
+    for name, theirs_obj in their_res.items():
+        # Plexus adds the container ID whereabouts leaves out, and its node label
+        assert {**theirs_obj["spec"], "containerid": my_res[name]["spec"]["containerid"]} == (
+            my_res[name]["spec"]
+        )
+
+
+def test_side_by_side_with_whereabouts_on_one_pool(
+    ipam: ClusterIPAM, whereabouts: WhereaboutsBinary, crds: Cluster, namespace: str
+) -> None:
+    conf = ipam_conf({"type": "whereabouts", "range": "10.27.0.0/26"})
+    got: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def theirs(i: int) -> None:
+        out = whereabouts.run(ipam_args("ADD", conf, f"w{i}"))
+        with lock:
+            got[f"w{i}"] = out["ips"][0]["address"]
+
+    def ours(i: int) -> None:
+        (address,) = add(ipam, conf, f"p{i}")
+        with lock:
+            got[f"p{i}"] = address
+
+    with ThreadPoolExecutor(6) as pool_:
+        jobs = [pool_.submit(theirs if i % 3 == 0 else ours, i) for i in range(24)]
+        for job in jobs:
+            job.result()
+    assert len(set(got.values())) == len(got) == 24
+    stored = held(crds, namespace, "10.27.0.0-26", "10.27.0.0")
+    assert {cid: f"{ip}/26" for ip, cid in stored.items()} == got
+
+    # Each releases the other's: by container ID and interface.
+    for cid in ("w0", "w3"):
+        dispatch(ipam, ipam_args("DEL", conf, cid))
+    for cid in ("p1", "p2"):
+        whereabouts.run(ipam_args("DEL", conf, cid))
+    left = held(crds, namespace, "10.27.0.0-26", "10.27.0.0")
+    assert sorted(left.values()) == sorted(set(got) - {"w0", "w3", "p1", "p2"})
+    assert sorted(reservations(crds, namespace)) == sorted(left)
