@@ -110,6 +110,9 @@ class DaemonIPAM:
             str((n.get("metadata") or {}).get("name", ""))
             for n in self.source.api.request("GET", "/api/v1/nodes").get("items", [])
         }
+        if self.node not in nodes:  # this node's own Node missing: the list is not to be trusted
+            log.warning("this node is not among the API server's nodes; no node released")
+            return 0
         gone = holders - nodes - {""}
         if not gone:
             return 0

@@ -24,6 +24,10 @@ from cni.skel import dispatch
 from delegates.ipam.common import CHECK_FAILED
 from delegates.ipam.whereabouts.plugin import ClusterIPAM
 from kube.api import KubeAPI
+from meta.daemon.config import DaemonConfig
+from meta.daemon.ipam import DaemonIPAM
+from meta.records import AttachmentRecord, RecordStore
+from meta.sources.kube import KubeSource
 from tests.cluster.apiserver import Cluster
 from tests.cluster.whereabouts import (
     WhereaboutsBinary,
@@ -390,3 +394,102 @@ def test_side_by_side_with_whereabouts_on_one_pool(
     left = held(crds, namespace, "10.27.0.0-26", "10.27.0.0")
     assert sorted(left.values()) == sorted(set(got) - {"w0", "w3", "p1", "p2"})
     assert sorted(reservations(crds, namespace)) == sorted(left)
+
+
+# ---- the daemon's reconcile ----------------------------------------------------------
+
+
+def daemon_ipam(cluster: Cluster, namespace: str, node: str, cni_dir: Path) -> DaemonIPAM:
+    conf = DaemonConfig.model_validate(
+        {
+            "cniVersion": "1.0.0",
+            "name": "plexus",
+            "type": "plexus",
+            "clusterNetwork": "default",
+            "cniDir": str(cni_dir),
+            "whereaboutsNamespace": namespace,
+            "ipamReconcileSeconds": 5,
+        }
+    )
+    source = KubeSource(KubeAPI(str(cluster.kubeconfig)), node)
+    return DaemonIPAM(conf, source, node)
+
+
+def record(store: RecordStore, cid: str, namespace: str, pod: str, uid: str) -> None:
+    store.save(
+        AttachmentRecord(
+            container_id=cid,
+            netns=f"/var/run/netns/pxt-gone-{cid}",
+            ifname="eth0",
+            pod_namespace=namespace,
+            pod_name=pod,
+            pod_uid=uid,
+            delegates=[],
+        )
+    )
+
+
+@pytest.fixture
+def nodes(crds: Cluster, namespace: str) -> Iterator[tuple[str, str]]:
+    """Two Node objects (no kubelet behind them), named after the test's namespace."""
+    names = (f"a-{namespace}", f"b-{namespace}")
+    for name in names:
+        crds.create("/api/v1/nodes", {"metadata": {"name": name}})
+    yield names
+    for name in names:
+        crds.request("DELETE", f"/api/v1/nodes/{name}")
+
+
+def test_reconcile_releases_this_nodes_dead_containers_only(
+    crds: Cluster, namespace: str, tmp_path: Path, nodes: tuple[str, str]
+) -> None:
+    daemon = daemon_ipam(crds, namespace, nodes[0], tmp_path)
+    conf = ipam_conf({"type": "whereabouts", "range": "10.28.0.0/24"})
+    pod = crds.create(
+        f"/api/v1/namespaces/{namespace}/pods",
+        {
+            "metadata": {"name": "alive"},
+            "spec": {"containers": [{"name": "c", "image": "pause"}]},
+        },
+    )
+    records = RecordStore(tmp_path)
+    # alive: recorded, its pod (same UID) on the API server; deleted: recorded, its pod
+    # gone and its netns too; forgotten: no record (its DEL removed it, the release failed)
+    record(records, "alive", namespace, "alive", pod["metadata"]["uid"])
+    record(records, "replaced", namespace, "alive", "an-older-uid")
+    record(records, "deleted", namespace, "deleted", "uid-d")
+    for cid in ("alive", "replaced", "deleted", "forgotten"):
+        add(daemon.ipam, conf, cid, namespace=namespace, pod=cid)
+    other = ClusterIPAM(KubeAPI(str(crds.kubeconfig)), nodes[1], namespace, watch=False)
+    add(other, conf, "elsewhere")  # another node's: not this node's to judge
+
+    daemon.reconcile()
+    assert sorted(held(crds, namespace, "10.28.0.0-24", "10.28.0.0").values()) == [
+        "alive",
+        "elsewhere",
+    ]
+    assert len(reservations(crds, namespace)) == 2
+
+
+def test_the_lease_holder_releases_the_addresses_of_deleted_nodes(
+    crds: Cluster, namespace: str, tmp_path: Path, nodes: tuple[str, str]
+) -> None:
+    conf = ipam_conf({"type": "whereabouts", "range": "10.29.0.0/24"})
+    mine = daemon_ipam(crds, namespace, nodes[0], tmp_path / "a")
+    record(RecordStore(tmp_path / "a"), "here", namespace, "p", "")  # no UID: never judged
+    add(mine.ipam, conf, "here")
+    doomed = f"doomed-{namespace}"
+    crds.create("/api/v1/nodes", {"metadata": {"name": doomed}})
+    there = ClusterIPAM(KubeAPI(str(crds.kubeconfig)), doomed, namespace, watch=False)
+    add(there, conf, "there1")
+    add(there, conf, "there2")
+    rival = daemon_ipam(crds, namespace, nodes[1], tmp_path / "b")
+
+    mine.reconcile()  # takes the Lease; every node is there: nothing released
+    assert not rival.lease.try_hold()
+    assert len(held(crds, namespace, "10.29.0.0-24", "10.29.0.0")) == 3
+    crds.request("DELETE", f"/api/v1/nodes/{doomed}")
+    assert not rival.lease.try_hold()
+    mine.reconcile()  # renews it and releases the deleted node's
+    assert list(held(crds, namespace, "10.29.0.0-24", "10.29.0.0").values()) == ["here"]
+    assert list(reservations(crds, namespace)) == ["10.29.0.1"]
