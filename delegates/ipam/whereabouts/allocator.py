@@ -72,6 +72,12 @@ class Allocator:
         """One address per range (the container's own if it holds one already)."""
         if not cfg.pod_name:
             raise CNIError(ErrorCode.INVALID_ENV, "IPAM client initialization error: no pod name")
+        if cfg.node_slice_size:
+            raise CNIError(
+                ErrorCode.INVALID_CONFIG,
+                f"whereabouts: node_slice_size {cfg.node_slice_size!r} is not served in process",
+                "list whereabouts in the daemon's execDelegates to run the binary for it",
+            )
         held: list[Held] = []
         try:
             for rng in cfg.ranges:
