@@ -15,11 +15,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from tests.cluster.apiserver import ApiError
-from tests.cluster.test_daemon_kube import STATUS, KubeNode, eventually
+from tests.cluster.test_daemon_kube import API_WAIT, STATUS, KubeNode
 from tests.cluster.test_daemon_kube import kube as kube  # the fixture
 from tests.cluster.webhook import EventHold
 from tests.netns.conftest import sh
 from tests.netns.daemon import Daemon
+from tests.wait import wait_for
 
 # Generous: the bound is 2 s; before it, a black-holed server held an ADD 10 s per write.
 WELL_UNDER_THE_OLD_WAIT = 8.0
@@ -40,17 +41,6 @@ def _black_hole(kube: KubeNode) -> Iterator[None]:
         yield
     finally:
         sh("iptables", "-D", *rule, netns=kube.node.name, check=False)
-
-
-def _pod_in_cache(kube: KubeNode, name: str, networks: str) -> str:
-    """Create a pod and wait until the daemon's pod informer holds it; its UID."""
-    before = kube.daemon.metric("plexus_informer_objects", resource="pods")
-    uid = kube.pod(name, networks)
-    deadline = time.monotonic() + 30
-    while kube.daemon.metric("plexus_informer_objects", resource="pods") <= before:
-        assert time.monotonic() < deadline, f"pod {name} never reached the informer cache"
-        time.sleep(0.05)
-    return uid
 
 
 def _want(kube: KubeNode) -> list[tuple[str, str]]:
@@ -74,8 +64,8 @@ def _added(kube: KubeNode, pod: str) -> list[str]:
 
 def _eventually_written(kube: KubeNode, pod: str) -> None:
     """Wait for the pod's network-status and both its AddedInterface events."""
-    eventually(lambda: _status(kube, pod) == _want(kube), f"{pod}'s network-status")
-    eventually(lambda: len(_added(kube, pod)) == 2, f"{pod}'s events")
+    wait_for(lambda: _status(kube, pod) == _want(kube), f"{pod}'s network-status", API_WAIT)
+    wait_for(lambda: len(_added(kube, pod)) == 2, f"{pod}'s events", API_WAIT)
 
 
 def _timed_add(kube: KubeNode, pod: str, uid: str) -> tuple[str, float]:
@@ -87,7 +77,7 @@ def _timed_add(kube: KubeNode, pod: str, uid: str) -> tuple[str, float]:
 
 def test_black_holed_api_server_does_not_hold_the_add(kube: KubeNode) -> None:
     kube.nad("macvlan-net", kube.node.macvlan_conf())
-    uids = {pod: _pod_in_cache(kube, pod, "macvlan-net") for pod in ("bh1", "bh2")}
+    uids = {pod: kube.pod(pod, "macvlan-net") for pod in ("bh1", "bh2")}
 
     with _black_hole(kube):
         # Two ADDs: the first leaves a stuck connection behind, which must not hold the next.
@@ -100,12 +90,14 @@ def test_black_holed_api_server_does_not_hold_the_add(kube: KubeNode) -> None:
     for pod in uids:
         _eventually_written(kube, pod)
         assert [m.split(" ")[1] for m in _added(kube, pod)] == ["eth0", "net1"]
-    eventually(lambda: kube.daemon.metric("plexus_api_writes_queued") == 0, "an empty queue")
+    wait_for(
+        lambda: kube.daemon.metric("plexus_api_writes_queued") == 0, "an empty queue", API_WAIT
+    )
 
 
 def test_add_answers_before_its_events_are_written(kube: KubeNode) -> None:
     kube.nad("macvlan-net", kube.node.macvlan_conf())
-    uid = _pod_in_cache(kube, "ev", "macvlan-net")
+    uid = kube.pod("ev", "macvlan-net")
 
     with EventHold(kube.cluster, kube.namespace) as hold:
         _, done = kube.add("ev", uid)
@@ -115,7 +107,7 @@ def test_add_answers_before_its_events_are_written(kube: KubeNode) -> None:
         assert passed_when_answered == []  # the ADD did not wait for any event
 
     assert _status(kube, "ev") == _want(kube)  # the status write is still part of the ADD
-    eventually(lambda: len(_added(kube, "ev")) == 2, "events")
+    wait_for(lambda: len(_added(kube, "ev")) == 2, "events", API_WAIT)
     eth0, net1 = _added(kube, "ev")
     assert eth0.startswith("Add eth0 [10.99.") and eth0.endswith("] from default-net")
     assert net1.startswith("Add net1 [10.98.") and net1.endswith(
@@ -126,7 +118,7 @@ def test_add_answers_before_its_events_are_written(kube: KubeNode) -> None:
 def test_full_write_queue_drops_events_first_and_counts_them(kube: KubeNode) -> None:
     _restart(kube, apiWriteBacklog=2)
     kube.nad("macvlan-net", kube.node.macvlan_conf())
-    uid = _pod_in_cache(kube, "full", "macvlan-net")
+    uid = kube.pod("full", "macvlan-net")
     dropped = "plexus_api_writes_dropped_total"
 
     with _black_hole(kube):
@@ -135,25 +127,27 @@ def test_full_write_queue_drops_events_first_and_counts_them(kube: KubeNode) -> 
         assert kube.daemon.metric(dropped, kind="event", reason="full") == 1
         assert kube.daemon.metric(dropped, kind="status", reason="full") == 0
 
-    eventually(lambda: _status(kube, "full") == _want(kube), "network-status")
-    eventually(lambda: len(_added(kube, "full")) == 1, "the queued event")
+    wait_for(lambda: _status(kube, "full") == _want(kube), "network-status", API_WAIT)
+    wait_for(lambda: len(_added(kube, "full")) == 1, "the queued event", API_WAIT)
     assert _added(kube, "full")[0].startswith("Add eth0 ")
 
 
 def test_queued_status_never_lands_on_a_newer_pod_of_the_same_name(kube: KubeNode) -> None:
     kube.nad("macvlan-net", kube.node.macvlan_conf())
-    uid = _pod_in_cache(kube, "again", "macvlan-net")
+    uid = kube.pod("again", "macvlan-net")
     dropped = "plexus_api_writes_dropped_total"
 
     with _black_hole(kube):
         _timed_add(kube, "again", uid)  # its status waits in the queue, for this UID
         path = f"/api/v1/namespaces/{kube.namespace}/pods/again"
         kube.cluster.request("DELETE", path, query={"gracePeriodSeconds": "0"})  # no kubelet
-        eventually(lambda: _gone(kube, "again"), "the pod's deletion")
-        newer = kube.pod("again", "macvlan-net")
+        wait_for(lambda: _gone(kube, "again"), "the pod's deletion", API_WAIT)
+        newer = kube.create_pod("again", "macvlan-net")  # the daemon is cut off
     assert newer != uid
 
-    eventually(lambda: kube.daemon.metric(dropped, kind="status", reason="rejected") == 1, "drop")
+    wait_for(
+        lambda: kube.daemon.metric(dropped, kind="status", reason="rejected") == 1, "drop", API_WAIT
+    )
     assert _status(kube, "again") == []
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -14,8 +15,10 @@ from tests.cluster.apiserver import Cluster, audit_events
 from tests.cluster.forward import LoopbackForward
 from tests.netns.conftest import Node
 from tests.netns.daemon import Daemon
+from tests.wait import wait_for
 
 STATUS = "k8s.v1.cni.cncf.io/network-status"
+API_WAIT = 90.0  # for what the daemon writes in the background (events, queued statuses)
 
 
 class KubeNode:
@@ -37,35 +40,62 @@ class KubeNode:
     def conf(self, **extra: Any) -> dict[str, Any]:
         return self.node.meta(**self.settings(**extra))
 
-    def nad(self, name: str, config: dict[str, Any], namespace: str = "") -> None:
-        ns = namespace or self.namespace
-        self.cluster.create(
-            f"/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions",
-            {
-                "apiVersion": "k8s.cni.cncf.io/v1",
-                "kind": "NetworkAttachmentDefinition",
-                "metadata": {"name": name},
-                "spec": {"config": json.dumps(config)},
-            },
+    def cached(self, resource: str) -> int:
+        """How many objects of `resource` ("pods", "nads") the daemon's informer holds."""
+        return int(self.daemon.metric("plexus_informer_objects", resource=resource))
+
+    @contextmanager
+    def delivered(self, resource: str, change: int = 1) -> Iterator[None]:
+        """Wait, after the block, until the daemon's `resource` informer holds `change`
+        objects more (fewer, if negative) than before it: the block's creations (or
+        deletions) have reached the daemon's cache."""
+        before = self.cached(resource)
+        yield
+        wait_for(
+            lambda: self.cached(resource) == before + change,
+            f"the daemon's {resource} informer going from {before} to {before + change}",
         )
 
-    def pod(self, name: str, networks: str, namespace: str = "", **annotations: str) -> str:
+    def nad(self, name: str, config: dict[str, Any], namespace: str = "") -> None:
+        """Create a NAD; return once the daemon's informer has it."""
         ns = namespace or self.namespace
-        created = self.cluster.create(
-            f"/api/v1/namespaces/{ns}/pods",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": name,
-                    "annotations": {"k8s.v1.cni.cncf.io/networks": networks, **annotations},
+        with self.delivered("nads"):
+            self.cluster.create(
+                f"/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions",
+                {
+                    "apiVersion": "k8s.cni.cncf.io/v1",
+                    "kind": "NetworkAttachmentDefinition",
+                    "metadata": {"name": name},
+                    "spec": {"config": json.dumps(config)},
                 },
-                "spec": {
-                    "nodeName": "test-node",
-                    "containers": [{"name": "app", "image": "pause"}],
-                },
+            )
+
+    def nads_delivered(self) -> None:
+        """Return once the daemon's NAD informer has every NAD change made so far: a
+        marker NAD made now reaches it after them (one watch delivers them in order)."""
+        self.nad(f"marker-{uuid.uuid4().hex[:8]}", {"cniVersion": "1.0.0", "type": "marker"})
+
+    def pod(self, name: str, networks: str, namespace: str = "", **annotations: str) -> str:
+        """create_pod(), returning once the daemon's informer has the pod."""
+        with self.delivered("pods"):
+            return self.create_pod(name, networks, namespace, **annotations)
+
+    def create_pod(self, name: str, networks: str, namespace: str = "", **annotations: str) -> str:
+        """Create a pod on the daemon's node; its UID."""
+        ns = namespace or self.namespace
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "annotations": {"k8s.v1.cni.cncf.io/networks": networks, **annotations},
             },
-        )
+            "spec": {
+                "nodeName": "test-node",
+                "containers": [{"name": "app", "image": "pause"}],
+            },
+        }
+        created = self.cluster.create(f"/api/v1/namespaces/{ns}/pods", body)
         return str(created["metadata"]["uid"])
 
     def get_pod(self, name: str, namespace: str = "") -> dict[str, Any]:
@@ -112,18 +142,9 @@ def _events(kube: KubeNode, namespace: str = "") -> list[dict[str, Any]]:
     return items
 
 
-def eventually(condition: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
-    """Wait until `condition()` holds: events, for one, are written in the background."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} not seen in {timeout:.0f} s"
-        time.sleep(0.1)
-
-
 def test_add_writes_network_status_with_no_get_and_one_status_write(kube: KubeNode) -> None:
     kube.nad("macvlan-net", kube.node.macvlan_conf())
     uid = kube.pod("web", "macvlan-net")
-    time.sleep(0.5)  # let the watch deliver the new pod
     before = len(audit_events(kube.cluster.audit_log, "plexus/"))
 
     netns, done = kube.add("web", uid)
@@ -142,7 +163,7 @@ def test_add_writes_network_status_with_no_get_and_one_status_write(kube: KubeNo
     ]
     assert [c for c in calls if c[0] == "get"] == []
     assert calls.count(("patch", "pods", "status")) == 1
-    eventually(lambda: len(_events(kube)) >= 2, "events")
+    wait_for(lambda: len(_events(kube)) >= 2, "events", API_WAIT)
     reasons = sorted(e["reason"] for e in _events(kube))
     assert reasons == ["AddedInterface", "AddedInterface"]
 
@@ -150,7 +171,6 @@ def test_add_writes_network_status_with_no_get_and_one_status_write(kube: KubeNo
 def test_nad_created_updated_and_deleted_while_running(kube: KubeNode) -> None:
     kube.nad("late", kube.node.macvlan_conf("10.61.0.0/16"))
     uid = kube.pod("p1", "late")
-    time.sleep(0.5)
     _, first = kube.add("p1", uid)
     assert first.returncode == 0, first.stdout
     assert json.loads(kube.get_pod("p1")["metadata"]["annotations"][STATUS])[1]["ips"][
@@ -163,22 +183,24 @@ def test_nad_created_updated_and_deleted_while_running(kube: KubeNode) -> None:
     kube.cluster.merge_patch(
         path, {"spec": {"config": json.dumps(kube.node.macvlan_conf("10.62.0.0/16"))}}
     )
+    kube.nads_delivered()
     uid2 = kube.pod("p2", "late")
-    time.sleep(0.5)
     _, second = kube.add("p2", uid2)
     assert second.returncode == 0, second.stdout
     assert json.loads(kube.get_pod("p2")["metadata"]["annotations"][STATUS])[1]["ips"][
         0
     ].startswith("10.62.")
 
-    kube.cluster.request("DELETE", path)
+    with kube.delivered("nads", -1):
+        kube.cluster.request("DELETE", path)
     uid3 = kube.pod("p3", "late")
-    time.sleep(0.5)
     netns, third = kube.add("p3", uid3)
     error = json.loads(third.stdout)
     assert third.returncode == 1 and f"{kube.namespace}/late" in error["msg"]
     assert kube.node.links(netns) == ["lo"]
-    eventually(lambda: "NoNetworkFound" in [e["reason"] for e in _events(kube)], "NoNetworkFound")
+    wait_for(
+        lambda: "NoNetworkFound" in [e["reason"] for e in _events(kube)], "NoNetworkFound", API_WAIT
+    )
 
 
 def test_nad_in_another_namespace_with_isolation_on_and_off(kube: KubeNode) -> None:
@@ -186,7 +208,6 @@ def test_nad_in_another_namespace_with_isolation_on_and_off(kube: KubeNode) -> N
     kube.cluster.create_namespace(other)
     kube.nad("shared", kube.node.macvlan_conf(), namespace=other)
     uid = kube.pod("iso", f"{other}/shared")
-    time.sleep(0.5)
 
     netns, refused = kube.add("iso", uid, namespaceIsolation=True)
     assert refused.returncode == 1 and "namespaceIsolation" in json.loads(refused.stdout)["msg"]
@@ -210,7 +231,6 @@ def test_default_network_annotation_isolation_and_naming_as_multus(kube: KubeNod
     default_network = "v1.multus-cni.io/default-network"
     bypass = kube.pod("bypass", "", **{default_network: f"{other}/alt"})
     own = kube.pod("own", f"default/{shared}", **{default_network: f"{kube.namespace}/alt"})
-    time.sleep(0.5)  # let the watch deliver the new pods
 
     netns, refused = kube.add("bypass", bypass, namespaceIsolation=True)
     error = json.loads(refused.stdout)
@@ -229,7 +249,7 @@ def test_default_network_annotation_isolation_and_naming_as_multus(kube: KubeNod
     def added() -> list[str]:
         return [e["message"] for e in _events(kube) if e["reason"] == "AddedInterface"]
 
-    eventually(lambda: len(added()) >= 2, "AddedInterface events")
+    wait_for(lambda: len(added()) >= 2, "AddedInterface events", API_WAIT)
     assert sorted(m.split(" from ")[1] for m in added()) == [
         f"default/{shared}",
         f"{kube.namespace}/alt",
@@ -238,8 +258,7 @@ def test_default_network_annotation_isolation_and_naming_as_multus(kube: KubeNod
 
 def test_api_server_away_during_add_of_a_cached_pod(kube: KubeNode) -> None:
     kube.nad("macvlan-net", kube.node.macvlan_conf())
-    uid = kube.pod("cached", "macvlan-net")
-    time.sleep(2.0)  # in the informer cache before the outage
+    uid = kube.pod("cached", "macvlan-net")  # in the informer cache before the outage
 
     kube.forward.stop()
     try:
@@ -258,10 +277,11 @@ def test_api_server_away_during_add_of_a_cached_pod(kube: KubeNode) -> None:
         assert STATUS not in kube.get_pod("cached")["metadata"].get("annotations", {})
     finally:
         kube.forward.start()
-    deadline = time.monotonic() + 40
-    while STATUS not in kube.get_pod("cached")["metadata"].get("annotations", {}):
-        assert time.monotonic() < deadline, "queued network-status never written"
-        time.sleep(0.5)
+    wait_for(
+        lambda: STATUS in kube.get_pod("cached")["metadata"].get("annotations", {}),
+        "the queued network-status",
+        API_WAIT,
+    )
 
 
 def test_pod_gone_gets_an_empty_result(kube: KubeNode) -> None:
@@ -287,7 +307,6 @@ def test_annotation_change_hot_plugs_networks(kube: KubeNode) -> None:
     kube.nad("net-a", kube.node.macvlan_conf("10.98.0.0/16"))
     kube.nad("net-b", kube.node.macvlan_conf("10.97.0.0/16"))
     uid = kube.pod("hp", "net-a")
-    time.sleep(0.5)  # let the watch deliver the new pod
     netns, done = kube.add("hp", uid)
     assert done.returncode == 0, done.stdout + done.stderr
     path = f"/api/v1/namespaces/{ns}/pods/hp"
@@ -308,7 +327,9 @@ def test_annotation_change_hot_plugs_networks(kube: KubeNode) -> None:
     assert _status_when(kube, "hp", 2) == [("default-net", "eth0"), (f"{ns}/net-b", "net2")]
     assert kube.node.links(netns) == ["eth0", "lo", "net2"]
     removed = ("RemovedInterface", f"Remove net1 from {ns}/net-a")
-    eventually(lambda: removed in [(e["reason"], e["message"]) for e in _events(kube)], "removal")
+    wait_for(
+        lambda: removed in [(e["reason"], e["message"]) for e in _events(kube)], "removal", API_WAIT
+    )
     reasons = [(e["reason"], e["message"]) for e in _events(kube)]
     assert any(r == "AddedInterface" and m.startswith("Add net2 [10.97.") for r, m in reasons)
 
@@ -316,11 +337,12 @@ def test_annotation_change_hot_plugs_networks(kube: KubeNode) -> None:
 def test_repeated_del_of_a_deleted_pod_asks_the_api_nothing(kube: KubeNode) -> None:
     kube.nad("macvlan-net", kube.node.macvlan_conf())
     uid = kube.pod("gone", "macvlan-net")
-    time.sleep(0.5)  # let the watch deliver the new pod
     netns, done = kube.add("gone", uid)
     assert done.returncode == 0, done.stdout + done.stderr
-    kube.cluster.request("DELETE", f"/api/v1/namespaces/{kube.namespace}/pods/gone")
-    time.sleep(0.5)  # and its deletion
+    wait_for(lambda: len(_events(kube)) == 2, "the ADD's events", API_WAIT)  # not the DEL's
+    path = f"/api/v1/namespaces/{kube.namespace}/pods/gone"
+    with kube.delivered("pods", -1):  # gone from the daemon's cache too
+        kube.cluster.request("DELETE", path, query={"gracePeriodSeconds": "0"})  # no kubelet
     for _ in range(2):  # containerd's DEL on stop, then again on remove (no record left)
         before = len(audit_events(kube.cluster.audit_log, "plexus/"))
         deleted = kube.node.cni(

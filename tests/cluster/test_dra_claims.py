@@ -90,15 +90,17 @@ class DraNode(KubeNode):
         self.resource_nad(name, {"cniVersion": "1.0.0", "name": name, "plugins": plugins})
 
     def resource_nad(self, name: str, config: dict[str, Any], resource: str = RESOURCE) -> None:
-        self.cluster.create(
-            f"/apis/k8s.cni.cncf.io/v1/namespaces/{self.namespace}/network-attachment-definitions",
-            {
-                "apiVersion": "k8s.cni.cncf.io/v1",
-                "kind": "NetworkAttachmentDefinition",
-                "metadata": {"name": name, "annotations": {RESOURCE_NAME_ANNOTATION: resource}},
-                "spec": {"config": json.dumps(config)},
-            },
-        )
+        """A NAD of `resource`; returns once the daemon's informer has it."""
+        with self.delivered("nads"):
+            self.cluster.create(
+                f"/apis/k8s.cni.cncf.io/v1/namespaces/{self.namespace}/network-attachment-definitions",
+                {
+                    "apiVersion": "k8s.cni.cncf.io/v1",
+                    "kind": "NetworkAttachmentDefinition",
+                    "metadata": {"name": name, "annotations": {RESOURCE_NAME_ANNOTATION: resource}},
+                    "spec": {"config": json.dumps(config)},
+                },
+            )
 
     def claim(self, name: str, requests: list[str]) -> None:
         self.cluster.create(
@@ -133,28 +135,28 @@ class DraNode(KubeNode):
         return f"{RESOURCE_API}/namespaces/{self.namespace}/resourceclaims/{claim}"
 
     def claim_pod(self, name: str, networks: str, claims: list[dict[str, str]]) -> str:
-        created = self.cluster.create(
-            f"/api/v1/namespaces/{self.namespace}/pods",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": name,
-                    "annotations": {"k8s.v1.cni.cncf.io/networks": networks},
-                },
-                "spec": {
-                    "nodeName": NODE,
-                    "resourceClaims": claims,
-                    "containers": [
-                        {
-                            "name": "app",
-                            "image": "pause",
-                            "resources": {"claims": [{"name": c["name"]} for c in claims]},
-                        }
-                    ],
-                },
+        """A pod with `claims`; its UID once the daemon's informer has it."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "annotations": {"k8s.v1.cni.cncf.io/networks": networks},
             },
-        )
+            "spec": {
+                "nodeName": NODE,
+                "resourceClaims": claims,
+                "containers": [
+                    {
+                        "name": "app",
+                        "image": "pause",
+                        "resources": {"claims": [{"name": c["name"]} for c in claims]},
+                    }
+                ],
+            },
+        }
+        with self.delivered("pods"):
+            created = self.cluster.create(f"/api/v1/namespaces/{self.namespace}/pods", body)
         return str(created["metadata"]["uid"])
 
     def devices_status(self, claim: str) -> list[dict[str, Any]]:
@@ -234,7 +236,6 @@ def test_claim_device_id_reaches_the_delegate_and_network_data_the_claim(dra: Dr
             _result("gpu", "gpu.example.com", gpu_pool, "gpu-0"),
         ],
     )
-    time.sleep(0.5)  # let the watch deliver the pod
     before = dra.audit_mark()
 
     netns, done = dra.add("dra", uid)
@@ -271,8 +272,7 @@ def test_second_pod_reads_only_its_claim(dra: DraNode) -> None:
         dra.claim(f"c{n}", ["vf"])
         uid = dra.claim_pod(f"p{n}", "vf-net", [{"name": "vf", "resourceClaimName": f"c{n}"}])
         dra.allocate(f"c{n}", f"p{n}", uid, [_result("vf", DRIVER, pool, device)])
-        time.sleep(0.5)  # the pod, and after the first ADD the slice informer, synced
-        before = dra.audit_mark()
+        before = dra.audit_mark()  # the slice informer listed at the first ADD
         _, done = dra.add(f"p{n}", uid)
         assert done.returncode == 0, done.stdout + done.stderr
     reads = [c for c in dra.calls_since(before) if c[0] in ("get", "list")]
@@ -284,7 +284,6 @@ def test_claims_are_not_read_without_a_network_that_has_a_resource(dra: DraNode)
     dra.nad("macvlan-net", dra.node.macvlan_conf())
     dra.claim("gpu-claim", ["gpu"])  # never allocated: reading it would fail the ADD
     uid = dra.claim_pod("gpu", "macvlan-net", [{"name": "gpu", "resourceClaimName": "gpu-claim"}])
-    time.sleep(0.5)
     before = dra.audit_mark()
 
     netns, done = dra.add("gpu", uid)
@@ -302,7 +301,6 @@ def test_template_claim_through_pod_status(dra: DraNode) -> None:
     generated = "tpl-vf-x7k2p"
     dra.claim(generated, ["vf"])
     dra.allocate(generated, "tpl", uid, [_result("vf", DRIVER, pool, "vf-t")])
-    time.sleep(0.5)
     netns, early = dra.add("tpl", uid)  # the controller has not reported the claim yet
     error = json.loads(early.stdout)
     assert early.returncode == 1 and error["code"] == 11, early.stdout
@@ -335,7 +333,6 @@ def test_claim_and_device_plugin_devices_in_one_pod(dra: DraNode) -> None:
     dra.claim("mixed", ["vf"])
     uid = dra.claim_pod("mix", "vf-dra, vf-dp", [{"name": "vf", "resourceClaimName": "mixed"}])
     dra.allocate("mixed", "mix", uid, [_result("vf", DRIVER, pool, "vf-d")])
-    time.sleep(0.5)
     sock = dra.node.root / "fake-kubelet.sock"
     allocations = {(dra.namespace, "mix"): {"app": {"intel.com/sriov_dp": ["0000:5e:00.3"]}}}
 
@@ -360,7 +357,6 @@ def test_claim_errors_name_the_problem(dra: DraNode) -> None:
     dra.claim("wiped", ["vf"])  # its device's slice is gone, as after a kubelet restart
     wiped = dra.claim_pod("p-wiped", "vf-net", [{"name": "vf", "resourceClaimName": "wiped"}])
     dra.allocate("wiped", "p-wiped", wiped, [_result("vf", DRIVER, pool, "vf-unpublished")])
-    time.sleep(0.5)
     sock = dra.node.root / "fake-kubelet.sock"
 
     cases = [

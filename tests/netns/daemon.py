@@ -10,7 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -117,15 +117,6 @@ def running(node: Node, **extra: Any) -> Iterator[Daemon]:
         node.close()
         node.added.clear()
         daemon.stop()
-
-
-def wait_for(probe: Callable[[], Any], timeout: float = 30.0) -> Any:
-    """Poll `probe` until it returns something true, and return that."""
-    deadline = time.monotonic() + timeout
-    while not (value := probe()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-    return value
 
 
 def _free_port(node: Node) -> int:

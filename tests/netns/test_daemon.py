@@ -7,9 +7,10 @@ import os
 import signal
 import socket
 import subprocess
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,8 @@ import yaml
 
 from meta.daemon import protocol
 from tests.netns.conftest import Node
-from tests.netns.daemon import PLEXUS, Daemon, running, wait_for
+from tests.netns.daemon import PLEXUS, Daemon, running
+from tests.wait import wait_for
 
 
 @pytest.fixture
@@ -136,10 +138,7 @@ def _slow_network(node: Node) -> None:
 
 
 def _wait_for_link(node: Node, netns: str, ifname: str) -> None:
-    deadline = time.monotonic() + 20
-    while ifname not in node.links(netns):
-        assert time.monotonic() < deadline, f"{ifname} never appeared"
-        time.sleep(0.05)
+    wait_for(lambda: ifname in node.links(netns), f"{ifname} in {netns}")
 
 
 def test_daemon_killed_mid_add_then_del_and_gc_leave_nothing(node: Node, daemon: Daemon) -> None:
@@ -234,7 +233,7 @@ def test_status_fails_until_the_daemon_is_ready(node: Node, daemon: Daemon) -> N
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(lambda: _status_code(syncing, "/healthz") == 200 or None, timeout=60)
+        wait_for(lambda: _status_code(syncing, "/healthz") == 200, "/healthz", timeout=60)
         error = node.error("STATUS")
         assert (error["code"], error["msg"]) == (11, "plexus daemon not ready yet")
         assert syncing.get("/readyz")[0] == 503
@@ -261,10 +260,16 @@ def test_cni_config_is_generated_watched_and_kept_until_uninstall(node: Node) ->
     d.start()
     try:
         generated = net_d / "00-plexus.conflist"
-        time.sleep(1.5)
+        with _file_calls(d, node.root / "strace.out") as calls:
+            # A sync looks for the indicator first: after two looks, one sync is done.
+            wait_for(lambda: calls(indicator) >= 2, "two syncs of the CNI config")
         assert not generated.exists()  # the readiness indicator is not there yet
         indicator.touch()
-        conf = wait_for(lambda: json.loads(generated.read_text()) if generated.exists() else None)
+        conf = wait_for(
+            lambda: json.loads(generated.read_text()) if generated.exists() else None,
+            "the generated CNI config",
+        )
+        assert conf is not None
         assert conf["cniVersion"] == "1.0.0" and conf["name"] == "plexus-cni-network"
         plugin = conf["plugins"][0]
         assert plugin["type"] == "plexus" and plugin["capabilities"] == {"portMappings": True}
@@ -274,10 +279,8 @@ def test_cni_config_is_generated_watched_and_kept_until_uninstall(node: Node) ->
         primary["plugins"][1]["capabilities"] = {"portMappings": True, "bandwidth": True}
         (net_d / "10-primary.conflist").write_text(json.dumps(primary))
         wait_for(
-            lambda: (
-                "bandwidth" in json.loads(generated.read_text())["plugins"][0]["capabilities"]
-                or None
-            )
+            lambda: "bandwidth" in json.loads(generated.read_text())["plugins"][0]["capabilities"],
+            "the primary's new capability",
         )
     finally:
         d.stop()
@@ -288,7 +291,9 @@ def test_cni_config_is_generated_watched_and_kept_until_uninstall(node: Node) ->
     before = generated.stat().st_ino
     d.start()
     try:
-        time.sleep(1.5)  # a sync or two of the restarted daemon
+        with _file_calls(d, node.root / "strace-restarted.out") as calls:
+            # Each sync reads ours to compare: after two reads, the first sync is done.
+            wait_for(lambda: calls(generated) >= 2, "two syncs of the restarted daemon")
         assert generated.stat().st_ino == before  # the same file, not re-written
     finally:
         d.stop()
@@ -323,6 +328,21 @@ def _status_code(daemon: Daemon, path: str) -> int:
         return daemon.get(path)[0]
     except OSError:
         return 0
+
+
+@contextmanager
+def _file_calls(daemon: Daemon, out: Path) -> Iterator[Callable[[Path], int]]:
+    """strace attached to the running daemon (all its threads); counts its file syscalls
+    naming a path, seen since attaching. A sync that finds nothing to do leaves no other
+    trace, so this is how a test knows one ran before it checks that nothing happened."""
+    assert daemon.proc is not None  # `ip netns exec` execs the daemon: the same pid
+    argv = ["strace", "-f", "-qq", "-e", "trace=%file", "-o", str(out), "-p", str(daemon.proc.pid)]
+    strace = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
+    try:
+        yield lambda path: out.read_text().count(f'"{path}"') if out.exists() else 0
+    finally:
+        strace.terminate()  # detaches; the daemon runs on
+        strace.wait(timeout=30)
 
 
 NESTED = "[" * 100_000 + "]" * 100_000

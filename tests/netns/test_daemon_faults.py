@@ -21,7 +21,8 @@ import pytest
 from delegates.netns import run_in_netns
 from meta.daemon import protocol
 from tests.netns.conftest import Node, finish
-from tests.netns.daemon import Daemon, running, wait_for
+from tests.netns.daemon import Daemon, running
+from tests.wait import wait_for
 
 NOBODY = 65534
 STRAY_LEASE = "10.97.0.9"
@@ -58,7 +59,7 @@ class Gate:
 
     def pid(self) -> int:
         """The pid of the gated plugin once it waits at the gate."""
-        wait_for(lambda: self.pidfile.exists() and self.pidfile.read_text().strip())
+        wait_for(lambda: self.pidfile.exists() and self.pidfile.read_text().strip(), "the gate")
         return int(self.pidfile.read_text())
 
     def open(self) -> None:
@@ -97,7 +98,7 @@ def test_a_killed_daemon_takes_its_delegates_along(node: Node, gate: Gate) -> No
             daemon.stop(signal.SIGKILL)
             answer = pending.result(timeout=60)
         assert json.loads(answer.stdout)["code"] == 11
-        assert wait_for(lambda: _gone(plugin), timeout=10), "the delegate outlived the daemon"
+        wait_for(lambda: _gone(plugin), "the delegate to end with the daemon", timeout=10)
         gate.open()  # had it survived, it would attach late0 and its lease now
 
         daemon.start()
@@ -122,8 +123,8 @@ def test_a_killed_shim_cancels_its_call_and_frees_the_worker(node: Node, gate: G
         plugin = gate.pid()
         shim.kill()  # what a runtime does when its CNI timeout expires
         shim.communicate()
-        assert wait_for(lambda: _gone(plugin), timeout=10), "the delegate outlived its call"
-        wait_for(lambda: node.links(netns) == ["lo"])  # the ADD's rollback removed net1
+        wait_for(lambda: _gone(plugin), "the delegate to end with its call", timeout=10)
+        wait_for(lambda: node.links(netns) == ["lo"], "the rollback to remove net1")
         # ...and released net1's IP: once the only worker slot is free, this one is served.
         node.ok("ADD", netns=other, cid="c-b", pod="b")
         assert len(node.reserved_ips()) == 2  # b's eth0 and net1: nothing of a
@@ -132,7 +133,7 @@ def test_a_killed_shim_cancels_its_call_and_frees_the_worker(node: Node, gate: G
 def test_a_hung_delegate_times_out_and_the_add_rolls_back(node: Node, gate: Gate) -> None:
     node.pod("h", "gated-net")
     netns = node.pod_netns()
-    with running(node):
+    with running(node, delegateTimeoutSeconds=1):
         error = node.error(
             "ADD", netns=netns, cid="c-h", pod="h", conf=node.meta(delegateTimeoutSeconds=1)
         )
@@ -204,7 +205,7 @@ def test_sigterm_serves_the_calls_queued_behind_the_busy_workers(node: Node, gat
         first = pool.submit(node.cni, "ADD", netns=first_ns, cid="c-a", pod="a")
         gate.pid()
         with _raw_add(node, queued_ns, "c-b", "b") as queued:
-            wait_for(lambda: daemon.metric("plexus_requests_queued") == 1)
+            wait_for(lambda: daemon.metric("plexus_requests_queued") == 1, "a queued request")
             assert daemon.proc is not None
             daemon.proc.send_signal(signal.SIGTERM)
             gate.open()

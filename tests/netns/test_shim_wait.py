@@ -7,7 +7,8 @@ from pathlib import Path
 
 from meta.daemon import protocol
 from tests.netns.conftest import Node
-from tests.netns.daemon import running, wait_for
+from tests.netns.daemon import running
+from tests.wait import wait_for
 
 
 def _waiting_in_the_shim(pid: int) -> bool:
@@ -23,12 +24,14 @@ def test_without_thin_the_shim_waits_for_a_restarting_daemon(node: Node) -> None
     node.nad("macvlan-net", node.macvlan_conf())
     node.pod("w", "macvlan-net")
     netns = node.pod_netns()
-    with running(node) as daemon:
+    with running(node, daemonWaitSeconds=120) as daemon:
         daemon.stop(signal.SIGKILL)  # its socket stays behind, refusing connections
         shim = node.spawn(
             "ADD", netns=netns, cid="c-w", pod="w", conf=node.meta(daemonWaitSeconds=120)
         )
-        wait_for(lambda: shim.poll() is not None or _waiting_in_the_shim(shim.pid))
+        wait_for(
+            lambda: shim.poll() is not None or _waiting_in_the_shim(shim.pid), "the shim to wait"
+        )
         assert shim.poll() is None, f"the shim gave up: {shim.communicate()}"
         daemon.start()
         stdout, _ = shim.communicate(timeout=120)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -15,6 +16,7 @@ from cni.config import load_network_config
 from cni.errors import CNIError, ErrorCode
 from cni.logs import LOGGER_NAME, StepLogger, call_fields
 from cni.runtime import CNIRuntime, RuntimeConf
+from tests.wait import wait_for
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -174,19 +176,38 @@ def test_in_the_background_lines_are_formatted_and_written_off_the_callers_threa
 def test_in_the_background_a_calls_lines_wait_and_are_written_together(
     plexus_logger: logging.Logger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(logs, "WRITE_DELAY", 0.5)
+    monkeypatch.setattr(logs, "WRITE_DELAY", 0.3)
+    formatted_at: list[float] = []
+    format_line = logs.JSONFormatter.format
+
+    def recording(self: logs.JSONFormatter, record: logging.LogRecord) -> str:
+        formatted_at.append(time.monotonic())
+        return format_line(self, record)
+
+    class Clock:
+        """The time module, with the writing thread's sleeps noted."""
+
+        sleeps: ClassVar[list[float]] = []
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        def sleep(self, seconds: float) -> None:
+            self.sleeps.append(seconds)
+            time.sleep(seconds)
+
+    monkeypatch.setattr(logs.JSONFormatter, "format", recording)
+    monkeypatch.setattr(logs, "time", Clock())
     log_file = tmp_path / "plexus.log"
     logs.configure("info", str(log_file), to_stderr=False, background=True)
     log = StepLogger("engine", cid="c1")
+    logged_at = time.monotonic()
     log.info("first")
     log.info("second")
-    threading.Event().wait(0.2)
-    waiting = log_file.read_text()
-    for _ in range(100):
-        if len(_lines(log_file)) == 2:
-            break
-        threading.Event().wait(0.05)
-    logs.configure("info", str(log_file), to_stderr=False)
+    wait_for(lambda: len(_lines(log_file)) == 2, "both lines in the file")
+    sleeps = list(Clock.sleeps)
+    logs.configure("info", str(log_file), to_stderr=False)  # (its stop waits once more)
 
-    assert waiting == ""  # nothing written within the delay
+    assert formatted_at[0] - logged_at >= logs.WRITE_DELAY  # nothing before the delay
+    assert sleeps == [logs.WRITE_DELAY]  # one delay for both lines
     assert [line["msg"] for line in _lines(log_file)] == ["first", "second"]

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -28,6 +28,7 @@ class FakeAPIServer(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     release = threading.Event()
+    closed = threading.Event()  # set once the server has closed a connection
     tokens: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:
@@ -61,11 +62,20 @@ class FakeAPIServer(BaseHTTPRequestHandler):
         pass
 
 
+class ClosingServer(ThreadingHTTPServer):
+    """Tells FakeAPIServer.closed when it has closed a connection (its FIN is sent)."""
+
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request)
+        FakeAPIServer.closed.set()
+
+
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[KubeAPI]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeAPIServer)
+    server = ClosingServer(("127.0.0.1", 0), FakeAPIServer)
     server.daemon_threads = True
     FakeAPIServer.release.clear()
+    FakeAPIServer.closed.clear()
     FakeAPIServer.tokens.clear()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -91,7 +101,7 @@ def test_requests_share_one_kept_alive_connection(api: KubeAPI) -> None:
 
 def test_a_connection_the_server_closed_is_replaced_not_failed(api: KubeAPI) -> None:
     dropped = api.request("GET", "/drop")
-    time.sleep(0.1)  # the server's close has reached us
+    assert FakeAPIServer.closed.wait(10)  # its FIN is in our socket (loopback)
 
     assert api.request("GET", "/after")["port"] != dropped["port"]
 

@@ -11,6 +11,7 @@ import pytest
 from kube import writes
 from kube.api import APIError
 from kube.writes import BackgroundWriter, Write
+from tests.wait import wait_for
 
 
 @pytest.fixture
@@ -36,20 +37,13 @@ def _write(
     return Write(kind, name, send)
 
 
-def _wait(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-
-
 def test_a_pods_status_writes_coalesce_to_the_latest(writer: BackgroundWriter) -> None:
     sent: list[str] = []
     writer.put_status(("ns", "p"), _write("status", sent, "old"))
     writer.put_status(("ns", "p"), _write("status", sent, "new"))
     assert writer.depth() == 1
     writer.start()
-    _wait(lambda: writer.depth() == 0)
+    wait_for(lambda: writer.depth() == 0, "an empty queue")
     assert sent == ["new"]
 
 
@@ -59,21 +53,31 @@ def test_statuses_go_first_then_events_in_order(writer: BackgroundWriter) -> Non
     writer.put_event(_write("event", sent, "e2"))
     writer.put_status(("ns", "p"), _write("status", sent, "s"))
     writer.start()
-    _wait(lambda: writer.depth() == 0)
+    wait_for(lambda: writer.depth() == 0, "an empty queue")
     assert sent == ["s", "e1", "e2"]
 
 
-def test_an_event_waits_its_delay_and_a_status_queued_meanwhile_goes_first(
+def test_an_event_waits_its_delay(
+    writer: BackgroundWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writes, "EVENT_DELAY", 0.3)
+    sent_at: list[float] = []
+    writer.start()
+    queued_at = time.monotonic()
+    writer.put_event(Write("event", "e", lambda timeout: sent_at.append(time.monotonic())))
+    wait_for(lambda: sent_at, "the event sent")
+    assert sent_at[0] - queued_at >= writes.EVENT_DELAY
+
+
+def test_a_status_queued_while_an_event_waits_goes_first(
     writer: BackgroundWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(writes, "EVENT_DELAY", 60.0)  # longer than this test
     sent: list[str] = []
     writer.start()
     writer.put_event(_write("event", sent, "e"))
-    time.sleep(0.2)  # ample for the writer to wake: without the delay, "e" would be sent
-    assert sent == []
     writer.put_status(("ns", "p"), _write("status", sent, "s"))
-    _wait(lambda: sent == ["s"])
+    wait_for(lambda: sent == ["s"], "the status sent")
     assert writer.depth() == 1  # the event still waits
 
 
@@ -90,7 +94,7 @@ def test_full_queue_drops_events_and_a_status_evicts_the_newest_event(
     writer.put_status(("ns", "x"), _write("status", sent, "v"))
     assert drops == [("event", "full")] * 4 + [("status", "full")]
     writer.start()
-    _wait(lambda: writer.depth() == 0)
+    wait_for(lambda: writer.depth() == 0, "an empty queue")
     assert sent == ["s", "t", "u"]
 
 
@@ -104,7 +108,7 @@ def test_unreachable_server_is_retried_until_it_answers(writer: BackgroundWriter
 
     writer.put_event(_write("event", sent, "e", fail))
     writer.start()
-    _wait(lambda: sent == ["e"])
+    wait_for(lambda: sent == ["e"], "the event sent")
     assert writer.depth() == 0
 
 
@@ -120,7 +124,7 @@ def test_refused_writes_are_not_retried(
 
     writer.put_event(_write("event", [], "e", fail))
     writer.start()
-    _wait(lambda: writer.depth() == 0)
+    wait_for(lambda: writer.depth() == 0, "an empty queue")
     assert attempts == ["try"] and drops == [("event", reason)]
 
 
@@ -132,7 +136,7 @@ def test_writes_past_their_deadline_expire(
     stale.deadline = time.monotonic() - 1
     writer.put_event(stale)
     writer.start()
-    _wait(lambda: writer.depth() == 0)
+    wait_for(lambda: writer.depth() == 0, "an empty queue")
     assert sent == [] and drops == [("event", "expired")]
 
 

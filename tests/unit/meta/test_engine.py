@@ -7,6 +7,7 @@ GC lock, which need plugins that fail on demand.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +23,20 @@ from meta.config import MetaConfig
 from meta.engine import Engine
 from meta.plugin import MetaPlugin
 from tests.unit.conftest import Recorder
+from tests.wait import wait_for
 
 CID = "engine-test-1"
+FLOCK = {"x86_64": 73, "aarch64": 32}[os.uname().machine]  # flock(2)'s syscall number
+
+
+def _in_flock(thread: threading.Thread, path: Path) -> bool:
+    """True while `thread` is blocked in flock(2) on `path` (/proc shows the syscall's
+    number and arguments, the first the file descriptor)."""
+    try:
+        number, fd, *_ = Path(f"/proc/self/task/{thread.native_id}/syscall").read_text().split()
+        return int(number) == FLOCK and os.readlink(f"/proc/self/fd/{int(fd, 16)}") == str(path)
+    except (OSError, ValueError):  # running, or the thread or fd is gone
+        return False
 
 
 def engine_for(tmp_path: Path, bin_dir: Path, types: list[str], **keys: Any) -> Engine:
@@ -122,7 +135,9 @@ def test_gc_waits_for_calls_in_flight(tmp_path: Path, bin_dir: Path, recorder: R
     with engine.node.lock("another-container"):
         thread = threading.Thread(target=gc)
         thread.start()
-        assert not done.wait(0.3), "GC ran while another call held the node"
+        lock = tmp_path / "cni" / "gc.lock"
+        wait_for(lambda: done.is_set() or _in_flock(thread, lock), "GC at the node lock")
+        assert not done.is_set(), "GC ran while another call held the node"
     assert done.wait(10)
     thread.join()
     assert "DEL" in verbs(recorder), "the record not in the (empty) valid list is DELed"
@@ -140,16 +155,19 @@ def test_a_failed_add_leaves_no_cache_file_its_background_write_made_late(
     make_recorder_plugin("first")
     make_recorder_plugin("failing", fail=("ADD",))
     write_atomic = fileio.write_atomic
+    writes = {"started": 0, "done": 0}
 
     def slow(*args: Any, **kwargs: Any) -> None:
+        writes["started"] += 1
         threading.Event().wait(0.3)
         write_atomic(*args, **kwargs)
+        writes["done"] += 1
 
     monkeypatch.setattr(fileio, "write_atomic", slow)
     engine = engine_for(tmp_path, bin_dir, ["first", "failing"])
 
     with pytest.raises(CNIError):
         engine.add(cmd("ADD"))
-    threading.Event().wait(0.5)  # any write still on its way has landed
+    wait_for(lambda: writes["started"] and writes["done"] == writes["started"], "the late writes")
 
     assert list((tmp_path / "cni" / "results").iterdir()) == []
