@@ -8,7 +8,7 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from cni import callscope
@@ -78,9 +78,16 @@ class ExecExecutor:
     a container runs the delegates against the host's files (IPAM state, sockets, configs).
     """
 
-    def __init__(self, timeout: float | None = None, chroot_dir: str = "") -> None:
+    def __init__(
+        self,
+        timeout: float | None = None,
+        chroot_dir: str = "",
+        guard: Callable[[str, str], None] | None = None,
+    ) -> None:
         self.timeout = timeout
         self.chroot_dir = chroot_dir.rstrip("/")
+        self.guard = guard
+        """Called with (type, binary as seen from here) before each exec; raises to refuse."""
 
     def hosts(self, plugin_type: str) -> bool:
         """Never: every plugin is exec'd."""
@@ -90,6 +97,10 @@ class ExecExecutor:
         """Exec the plugin; a non-zero exit becomes the CNIError it printed."""
         paths = [p for p in env.get("CNI_PATH", "").split(os.pathsep) if p]
         binary = find_plugin(plugin_type, paths, self.chroot_dir)
+        if self.guard is not None:
+            self.guard(
+                plugin_type, seen_from(self.chroot_dir, binary) if self.chroot_dir else binary
+            )
         # Drop any CNI_* we were called with so a stale value cannot reach the plugin.
         full_env = {k: v for k, v in os.environ.items() if k not in ENV_VARS} | dict(env)
         command = env.get("CNI_COMMAND", "")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Interface, ip_address, ip_interface, ip_network
 from typing import Any
 
+from cni import callscope
 from cni.errors import CNIError
 from cni.result import IPAddress, IPInterface, IPNetwork
 from delegates.netns import open_netns
@@ -452,13 +453,23 @@ def routes(nl: Rtnl, family: int, table: int = RT_TABLE_MAIN) -> list[RouteEntry
 
 def read_sysctl(key: str) -> str:
     """A sysctl of the calling thread's network namespace ("net/ipv4/conf/eth0/...")."""
-    with open("/proc/sys/" + key) as f:
+    with open(_sysctl_path(key)) as f:
         return f.read().strip()
 
 
 def write_sysctl(key: str, value: str) -> None:
-    with open("/proc/sys/" + key, "w") as f:
+    with open(_sysctl_path(key), "w") as f:
         f.write(value)
+
+
+def _sysctl_path(key: str) -> str:
+    """Under the host's /proc where the call has a root (a daemon's chrootDir): a
+    container that is not privileged has its own /proc/sys read-only. A net sysctl file
+    belongs to the namespace of the thread that opens it, through any procfs mount."""
+    root = callscope.current().root
+    if root and not os.path.isdir(f"{root}/proc/sys/net"):
+        root = ""  # a root without the host's /proc mounted in it
+    return f"{root}/proc/sys/{key}"
 
 
 def settle_addresses(nl: Rtnl, index: int, timeout: float = 10.0) -> bool:

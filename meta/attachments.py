@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from cni import jsonio
-from cni.config import NETWORK_NAME_RULE, valid_network_name
+from cni.config import NETWORK_NAME_RULE, valid_network_name, with_chained_plugins
 from cni.errors import CNIError, ErrorCode
 from cni.result import Result
 from meta.config import MetaConfig
 from meta.delegate import Delegate
 from meta.devices import DeviceAllocator, DeviceSource
+from meta.policy import HostPathPolicy, device_id_problem
 from meta.selection import NETWORKS_ANNOTATION, NetworkSelection, parse_network_ref, parse_networks
 from meta.sources.base import ClusterSource, NetworkAttachmentDefinition, Pod
 
@@ -51,7 +52,11 @@ class NetworkNotFound(CNIError):
 
 def parse_config_text(text: str, what: str) -> dict[str, Any]:
     """A conf or conflist from JSON text; `what` names it in errors."""
-    conf = jsonio.loads(text, what)
+    return check_config(jsonio.loads(text, what), what)
+
+
+def check_config(conf: Any, what: str) -> dict[str, Any]:
+    """`conf` if it is a conf or conflist object; `what` names it in errors."""
     if not isinstance(conf, dict):
         raise CNIError(ErrorCode.INVALID_CONFIG, f"{what} must be a JSON object")
     if "type" not in conf and not isinstance(conf.get("plugins"), list):
@@ -62,7 +67,8 @@ def parse_config_text(text: str, what: str) -> dict[str, Any]:
 
 
 def find_conf_file(conf_dir: str, name: str) -> dict[str, Any] | None:
-    """The first config file in `conf_dir` (sorted) whose `name` is `name`."""
+    """The first config file in `conf_dir` (sorted) whose `name` is `name`, with the
+    plugins chained from `<conf_dir>/<name>/` (cni.config.with_chained_plugins)."""
     try:
         files = sorted(os.listdir(conf_dir))
     except OSError:
@@ -70,13 +76,13 @@ def find_conf_file(conf_dir: str, name: str) -> dict[str, Any] | None:
     for file in files:
         if not file.endswith(CONF_SUFFIXES):
             continue
-        path = os.path.join(conf_dir, file)
+        path = Path(conf_dir, file)
         try:
-            conf = parse_config_text(Path(path).read_text(), f"config file {path}")
+            conf = jsonio.loads(path.read_bytes(), f"config file {path}")
         except (OSError, CNIError):
             continue
-        if conf.get("name") == name:
-            return conf
+        if isinstance(conf, dict) and conf.get("name") == name:
+            return check_config(with_chained_plugins(conf, path), f"config file {path}")
     return None
 
 
@@ -207,6 +213,7 @@ class Resolver:
         self.source = source
         self.ifname = ifname
         self.devices = devices
+        self.policy = HostPathPolicy(conf.allowed_host_paths, conf.chroot_dir)
 
     def resolve(self, pod: Pod | None) -> list[Delegate]:
         """All delegates for the pod, in attach order, with unique interface names."""
@@ -214,15 +221,18 @@ class Resolver:
             delegates = self._static_delegates()
         else:
             selections = self._selections(pod)
+            allocator = None
+            if self.devices is not None:
+                reserved = [s.device_id for s in selections if s.device_id]
+                allocator = DeviceAllocator(self.devices, pod, reserved)
             delegates = [self._cluster_delegate(pod)]
             if pod.namespace not in self.conf.system_namespaces:
                 for ref in self.conf.default_networks:
                     delegates.append(self.named_delegate(ref, len(delegates)))
             for selection in selections:
-                delegates.append(self._selected_delegate(pod, selection, len(delegates)))
-            if self.devices is not None:
-                reserved = [s.device_id for s in selections if s.device_id]
-                _assign_devices(delegates, DeviceAllocator(self.devices, pod, reserved))
+                delegates.append(self._selected_delegate(pod, selection, len(delegates), allocator))
+            if allocator is not None:
+                _assign_devices(delegates, allocator)
         _check_unique_ifnames(delegates)
         _check_network_names(delegates)
         return delegates
@@ -293,15 +303,18 @@ class Resolver:
         """
         if os.path.isabs(ref) and ref.endswith(CONF_SUFFIXES):
             try:
-                config = parse_config_text(Path(ref).read_text(), f"config file {ref}")
+                raw = jsonio.loads(Path(ref).read_bytes(), f"config file {ref}")
             except OSError as exc:
                 raise NetworkNotFound(ref, str(exc)) from exc
+            if isinstance(raw, dict):
+                raw = with_chained_plugins(raw, Path(ref))
+            config = check_config(raw, f"config file {ref}")
             return str(config.get("name", ref)), config, ""
         if self.source is not None:
             namespace, name = parse_network_ref(ref, self.conf.multus_namespace)
             nad = self.source.get_nad(namespace, name)
             if nad is not None:
-                config = nad_config(nad, self.conf.conf_dir)
+                config = self._nad_config(nad, f"{namespace}/{name}")
                 return f"{namespace}/{name}", config, nad.resource_name or ""
         found = find_conf_file(self.conf.conf_dir, ref)
         if found is None:
@@ -330,12 +343,19 @@ class Resolver:
                 f"({', '.join(self.conf.global_namespaces)})",
             )
 
-    def _selected_delegate(self, pod: Pod, selection: NetworkSelection, index: int) -> Delegate:
+    def _selected_delegate(
+        self,
+        pod: Pod,
+        selection: NetworkSelection,
+        index: int,
+        allocator: DeviceAllocator | None,
+    ) -> Delegate:
         assert self.source is not None
         nad = self.source.get_nad(selection.namespace, selection.name)
         if nad is None:
             raise NetworkNotFound(selection.ref, f"in namespace {selection.namespace}")
-        config = apply_selection(nad_config(nad, self.conf.conf_dir), selection)
+        _check_device(pod, selection, nad.resource_name or "", allocator)
+        config = apply_selection(self._nad_config(nad, selection.ref), selection)
         caps = dict(self.conf.runtime_config)
         caps.update(selection_capability_args(selection, selection.ref, config))
         return Delegate(
@@ -350,9 +370,43 @@ class Resolver:
             device_id=selection.device_id or "",
         )
 
+    def _nad_config(self, nad: NetworkAttachmentDefinition, network: str) -> dict[str, Any]:
+        """A NAD's config; its host paths checked unless the admin wrote it (a conf file
+        in confDir, or a NAD in a system namespace the admin trusts)."""
+        config = nad_config(nad, self.conf.conf_dir)
+        trusted = not nad.config.strip() or (
+            self.conf.trust_system_namespaces and nad.namespace in self.conf.system_namespaces
+        )
+        if not trusted:
+            self.policy.check(config, network)
+        return config
+
 
 def _pod_ref(pod: Pod) -> str:
     return f"{pod.namespace}/{pod.name}"
+
+
+def _check_device(
+    pod: Pod, selection: NetworkSelection, resource: str, allocator: DeviceAllocator | None
+) -> None:
+    """A `deviceID` the pod names: a well-formed ID and, for a NAD with a resourceName,
+    one of the devices of that resource allocated to this pod (checked where device IDs
+    are looked up: on ADD)."""
+    device_id = selection.device_id
+    if not device_id:
+        return
+    if problem := device_id_problem(device_id):
+        raise CNIError(ErrorCode.INVALID_CONFIG, f"network {selection.ref}: {problem}")
+    if not resource or allocator is None:
+        return
+    allocated = allocator.allocated(resource)
+    if device_id not in allocated:
+        raise CNIError(
+            ErrorCode.INVALID_CONFIG,
+            f"network {selection.ref}: deviceID {device_id} is not one of the {resource} "
+            f"devices allocated to pod {_pod_ref(pod)} ({', '.join(allocated) or 'none'})",
+            "a pod may name only a device the kubelet or a ResourceClaim gave it",
+        )
 
 
 def _assign_devices(delegates: list[Delegate], allocator: DeviceAllocator) -> None:

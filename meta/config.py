@@ -21,6 +21,9 @@ DEFAULT_GLOBAL_NAMESPACES = ("default",)
 """Multus's globalNamespaces when it is unset or empty (GetDefaultNetConf)."""
 DEFAULT_WRITE_TIMEOUT = 2.0  # apiWriteTimeout, seconds
 DEFAULT_WRITE_BACKLOG = 1024  # the daemon's apiWriteBacklog: API writes waiting in the background
+DEFAULT_ALLOWED_HOST_PATHS = ("/var/lib/cni", "/run/cni", "/etc/cni/net.d/whereabouts.d")
+"""Where a NAD may point plugins' host paths (meta/policy.py): CNI state, the dhcp
+daemon's socket, whereabouts' own config."""
 
 CNI_KEYS = frozenset(
     {
@@ -100,6 +103,10 @@ class MetaConfig(BaseModel):
     device_info_dir: str = Field(deviceinfo.DEFAULT_DIR, alias="deviceInfoDir")
     pod_resources_socket: str = Field(client.DEFAULT_SOCKET, alias="podResourcesSocket")
     device_checkpoint_file: str = Field(checkpoint.DEFAULT_CHECKPOINT, alias="deviceCheckpointFile")
+    allowed_host_paths: list[str] = Field(
+        default=list(DEFAULT_ALLOWED_HOST_PATHS), alias="allowedHostPaths"
+    )
+    trust_system_namespaces: bool = Field(False, alias="trustSystemNamespaces")
     runtime_config: dict[str, Any] = Field(default_factory=dict, alias="runtimeConfig")
     capabilities: dict[str, bool] = Field(default_factory=dict)
 
@@ -115,6 +122,14 @@ class MetaConfig(BaseModel):
     @classmethod
     def _empty_is_unset(cls, value: list[str]) -> list[str]:
         return value or list(DEFAULT_GLOBAL_NAMESPACES)  # as Multus reads an empty string
+
+    @field_validator("allowed_host_paths")
+    @classmethod
+    def _absolute(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if not path.startswith("/"):
+                raise ValueError(f"allowedHostPaths: {path!r} is not an absolute path")
+        return value
 
     @field_validator("log_level")
     @classmethod

@@ -108,6 +108,7 @@ def _meta_config(root: Path) -> dict[str, Any]:
         "metricsPort": 0,
         "logFile": str(root / "plexus.log"),
         "logToStderr": False,
+        "allowedHostPaths": [str(root)],  # the demo's NADs keep their leases under it
         "delegates": [
             {
                 "cniVersion": "1.0.0",

@@ -32,12 +32,17 @@ class DeviceAllocator:
         self._pools: dict[str, list[str]] = {}
         self._taken: dict[str, set[str]] = {}
 
-    def take(self, resource: str, network: str) -> str:
-        """The next free device ID of `resource` for `network`; an error if none is left."""
+    def allocated(self, resource: str) -> list[str]:
+        """The pod's device IDs of `resource`, sorted (asked once per resource)."""
         pool = self._pools.get(resource)
         if pool is None:
             ids = self.source.device_ids(self.pod.namespace, self.pod.name, self.pod.uid, resource)
             pool = self._pools[resource] = sorted(set(ids))
+        return pool
+
+    def take(self, resource: str, network: str) -> str:
+        """The next free device ID of `resource` for `network`; an error if none is left."""
+        pool = self.allocated(resource)
         taken = self._taken.setdefault(resource, set())
         for device_id in pool:
             if device_id not in taken and device_id not in self.reserved:

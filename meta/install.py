@@ -39,11 +39,18 @@ BINARIES = {
 }
 
 _TEMPLATE = """#!{python} -I
-# Installed by `plexus install-cni`; runs Plexus from {prefix}.
+# Installed by `plexus install-cni`; runs Plexus from {prefix}.{identity}
 from {module} import main
 
 main()
 """
+IDENTITY = b"plexus-cni-meta-plugin"
+"""In the shim and plexus-thin (and in no delegate): how the daemon recognises the
+meta-plugin's own executables under any name, to refuse running itself as a delegate."""
+_META_BINARIES = frozenset({"plexus-thin"})
+_SCAN_CHUNK = 1 << 20
+_KNOWN_KEPT = 256
+_known: dict[tuple[int, int, int, int], bool] = {}
 
 
 def install_binaries(
@@ -56,7 +63,10 @@ def install_binaries(
     written = []
     if not shim_only:
         for name, module in BINARIES.items():
-            text = _TEMPLATE.format(python=sys.executable, prefix=sys.prefix, module=module)
+            identity = f" ({IDENTITY.decode()})" if name in _META_BINARIES else ""
+            text = _TEMPLATE.format(
+                python=sys.executable, prefix=sys.prefix, module=module, identity=identity
+            )
             written.append(_place(target, name, partial(_write_text, text=text)))
     if prebuilt.is_file():
         if not _same(prebuilt, target / SHIM_NAME):
@@ -65,6 +75,36 @@ def install_binaries(
     else:
         written.append(_place(target, SHIM_NAME, _compile_shim))
     return written
+
+
+def is_own_executable(path: str) -> bool:
+    """True if the file at `path` is the Plexus meta-plugin (the shim or plexus-thin),
+    whatever its name: it holds IDENTITY. Remembered per file version (inode, size, mtime)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if (known := _known.get(key)) is not None:
+            return known
+        found = _holds(fd, IDENTITY)
+    finally:
+        os.close(fd)
+    if len(_known) >= _KNOWN_KEPT:
+        _known.clear()
+    _known[key] = found
+    return found
+
+
+def _holds(fd: int, needle: bytes) -> bool:
+    tail = b""
+    while chunk := os.read(fd, _SCAN_CHUNK):
+        if needle in tail + chunk:
+            return True
+        tail = chunk[-len(needle) :]
+    return False
 
 
 def uninstall(root: str | Path, bin_dir: str, conf_file: str, state_dirs: list[str]) -> list[Path]:

@@ -24,7 +24,7 @@ from meta import deviceinfo, routes
 from meta.config import MetaConfig
 from meta.delegate import Delegate
 from meta.locks import ContainerLocks, file_lock, remove_lock_file
-from meta.ranges import RangeLedger, unowned_leases
+from meta.ranges import RangeLedger, range_leases, ranges_in_use, unowned_leases
 from meta.records import AttachmentRecord, RecordStore
 
 READINESS_WAIT_SECONDS = 10.0
@@ -84,6 +84,11 @@ class Node:
                     store.release(lease.container_id, lease.ifname)
             except CNIError as exc:
                 errors.append((f"lease {lease.ip} in {where}", exc))
+        if not unreadable:  # a record that cannot be read may use any range
+            in_use = ranges_in_use(self.conf, records)
+            held = {(lease.data_dir, lease.network) for lease in range_leases(self.ranges.all())}
+            for data_dir, network in self.ranges.forget(in_use | held):
+                log.info("gc: range no longer used, forgotten", range=f"{data_dir}/{network}")
         return errors
 
     # ---- locks and readiness -------------------------------------------------

@@ -15,6 +15,7 @@ from cni.logs import StepLogger
 from cni.result import Result
 from cni.runtime import CNIRuntime
 from cni.skel import Plugin
+from meta.authority import call_config
 from meta.config import DEFAULT_WRITE_BACKLOG, MetaConfig, load_meta_config
 from meta.devices import DeviceSource
 from meta.engine import Engine
@@ -22,6 +23,7 @@ from meta.install import SHIM_NAME
 from meta.locks import ContainerLocks
 from meta.node import Node
 from meta.podresources.client import PodResourcesClient
+from meta.policy import refuse_plexus
 from meta.sources.base import ClusterSource
 
 ENGINES_KEPT = 8
@@ -64,7 +66,9 @@ class MetaPlugin:
     otherwise each call builds the one its config names. Likewise `devices` (where
     pods' device IDs come from); by default the kubelet at the config's paths. `ready`
     (the daemon's): until it is true, STATUS fails, so the runtime reports the node's
-    network not ready (containerd 2.x polls STATUS).
+    network not ready (containerd 2.x polls STATUS). `authority` (the daemon's): the
+    config that decides every key a runtime does not supply (meta/authority.py); without
+    it (thin mode, exec'd by the runtime itself) the call's stdin is the config.
     """
 
     def __init__(
@@ -74,36 +78,42 @@ class MetaPlugin:
         configure_logging: bool = True,
         devices: DeviceSource | None = None,
         ready: Callable[[], bool] | None = None,
+        authority: Callable[[], MetaConfig] | None = None,
         cluster_ipam: Plugin | None = None,
     ) -> None:
         self.ready = ready
         self.cluster_ipam = cluster_ipam  # the daemon's in-process whereabouts (docs/ipam.md)
+        self.authority = authority
         self.source = source
         self.executor = executor
         self.configure_logging = configure_logging
         self.devices = devices
         self.locks = ContainerLocks()  # shared by every call this plugin serves
-        self._engines: dict[tuple[bytes, tuple[str, ...]], Engine] = {}
+        self._engines: dict[tuple[bytes, tuple[str, ...]], tuple[Engine, MetaConfig | None]] = {}
         self._engines_lock = threading.Lock()
 
     def engine(self, args: CmdArgs) -> Engine:
         """The engine for the call's config and CNI_PATH. A daemon's runtime sends the same
         config on every call, so engines are kept (the last ENGINES_KEPT): parsing the
         config and building the engine took ~0.25 ms of each call."""
+        authority = self.authority() if self.authority is not None else None
         key = (args.stdin, args.path)
         with self._engines_lock:
-            engine = self._engines.get(key)
-        if engine is not None:
-            self._bound(engine.conf, engine.runtime.paths)
-            return engine
-        conf = load_meta_config(args.stdin)
+            kept = self._engines.get(key)
+        if kept is not None and kept[1] is authority:
+            self._bound(kept[0].conf, kept[0].runtime.paths)
+            return kept[0]
+        if authority is None:
+            conf = load_meta_config(args.stdin)
+        else:
+            conf = call_config(authority, args.stdin)
         if self.configure_logging:
             logs.configure(conf.log_level, conf.log_file, conf.log_to_stderr)
         engine = self.engine_for(conf, args.path)
         with self._engines_lock:
             if len(self._engines) >= ENGINES_KEPT:
                 del self._engines[next(iter(self._engines))]
-            self._engines[key] = engine
+            self._engines[key] = (engine, authority)
         return engine
 
     def engine_for(self, conf: MetaConfig, cni_path: Sequence[str]) -> Engine:
@@ -117,7 +127,7 @@ class MetaPlugin:
 
             executor = BuiltinExecutor(
                 exec_types=set(conf.exec_delegates),
-                fallback=ExecExecutor(chroot_dir=conf.chroot_dir),
+                fallback=ExecExecutor(chroot_dir=conf.chroot_dir, guard=refuse_plexus),
                 cluster_ipam=self.cluster_ipam,
             )
         runtime = CNIRuntime(paths, conf.cni_dir, executor)

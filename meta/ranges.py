@@ -1,10 +1,11 @@
-"""The host-local ranges Plexus allocates from on this node, remembered for good.
+"""The host-local ranges Plexus allocates from on this node, remembered while in use.
 
 A lease in one of these ranges held by a container that no attachment record and no
 runtime accounts for is a leak GC may release. The record cannot say which ranges
 exist once it is lost, and neither can a NAD once it is deleted, so every range an
 attachment uses is noted here when its record is saved: one file per (data dir,
-network) under `<cniDir>/ranges/`, written once, durably.
+network) under `<cniDir>/ranges/`, written once, durably. GC forgets a range once no
+record, configured delegate or lease uses it (the next ADD in it notes it again).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cni import jsonio
 from cni.errors import CNIError, ErrorCode
 from cni.fileio import write_atomic
 from delegates.ipam.store import DEFAULT_DATA_DIR, leases
@@ -23,6 +25,7 @@ from meta.config import MetaConfig
 from meta.records import AttachmentRecord
 
 Range = tuple[str, str]  # (host-local data dir, network name): the dir <data dir>/<network>
+_MAX_NOTE = 8192  # bytes of one noted range's file
 
 
 def host_local_ranges(configs: Iterable[dict[str, Any]]) -> set[Range]:
@@ -67,12 +70,25 @@ class RangeLedger:
 
     def all(self) -> set[Range]:
         """Every range noted (unreadable files are skipped: they were never complete)."""
-        found: set[Range] = set()
+        return set(self._noted().values())
+
+    def forget(self, keep: Collection[Range]) -> list[Range]:
+        """Drop every noted range not in `keep` (nothing allocates from it any more);
+        the ranges dropped."""
+        dropped = []
+        for path, noted in self._noted().items():
+            if noted not in keep:
+                path.unlink(missing_ok=True)
+                dropped.append(noted)
+        return dropped
+
+    def _noted(self) -> dict[Path, Range]:
+        found: dict[Path, Range] = {}
         for path in sorted(self.directory.iterdir()) if self.directory.is_dir() else []:
             try:
-                body = json.loads(path.read_bytes())
-                found.add((str(body["dataDir"]), str(body["network"])))
-            except (OSError, ValueError, KeyError, TypeError):
+                body = jsonio.loads(path.read_bytes(), str(path), _MAX_NOTE)
+                found[path] = (str(body["dataDir"]), str(body["network"]))
+            except (OSError, CNIError, KeyError, TypeError):
                 continue
         return found
 
@@ -88,18 +104,26 @@ class Lease:
     ifname: str
 
 
+def ranges_in_use(conf: MetaConfig, records: list[AttachmentRecord]) -> set[Range]:
+    """The ranges the config's delegates and the recorded attachments allocate from."""
+    return host_local_ranges([*conf.delegates, *(d.config for r in records for d in r.delegates)])
+
+
+def range_leases(ranges: Collection[Range]) -> list[Lease]:
+    """Every lease held in `ranges`."""
+    return [
+        Lease(data_dir, network, ip, cid, ifname)
+        for data_dir in sorted({d for d, _ in ranges})
+        for network, ip, cid, ifname in leases(data_dir)
+        if (data_dir, network) in ranges
+    ]
+
+
 def unowned_leases(
     conf: MetaConfig, records: list[AttachmentRecord], accounted: Collection[str] = ()
 ) -> list[Lease]:
     """Leases in the ranges Plexus allocates from (noted ones, the config's, the records')
     held by containers that neither a record nor `accounted` (container IDs) owns."""
-    ranges = RangeLedger(conf.cni_dir).all() | host_local_ranges(
-        [*conf.delegates, *(d.config for r in records for d in r.delegates)]
-    )
+    ranges = RangeLedger(conf.cni_dir).all() | ranges_in_use(conf, records)
     owners = {r.container_id for r in records} | set(accounted)
-    return [
-        Lease(data_dir, network, ip, cid, ifname)
-        for data_dir in sorted({d for d, _ in ranges})
-        for network, ip, cid, ifname in leases(data_dir)
-        if (data_dir, network) in ranges and cid not in owners
-    ]
+    return [lease for lease in range_leases(ranges) if lease.container_id not in owners]

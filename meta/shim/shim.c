@@ -31,6 +31,8 @@
 #include <unistd.h>
 
 #define MAGIC "PXS1"
+/* How the daemon recognises this file under any name (meta/install.py: IDENTITY). */
+#define IDENTITY "plexus-cni-meta-plugin"
 #define MAX_STDIN (8u << 20)
 #define DEFAULT_SOCKET_DIR "/run/plexus"
 #define SOCKET_NAME "plexus.sock"
@@ -273,7 +275,7 @@ int main(int argc, char **argv) {
          * with maxSurge runs it beside the shim its successor installed). */
         if (argc == 5) return exec_delegate(argv[2], argv[3], argv[4]);
         if (argc == 4) return exec_delegate(argv[2], "/", argv[3]);
-        fprintf(stderr, "usage: plexus --exec-delegate PID ROOT BINARY\n");
+        fprintf(stderr, "usage: plexus --exec-delegate PID ROOT BINARY (" IDENTITY ")\n");
         return 126;
     }
     size_t in_len;

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from cni.fileio import write_atomic
+from meta.config import DEFAULT_ALLOWED_HOST_PATHS
 from meta.install import install_binaries
 
 REFERENCE = Path("/usr/lib/cni")
@@ -154,6 +155,8 @@ class Node:
             "logToStderr": False,
             "logLevel": "debug",
             "delegates": [self.bridge_conf()],
+            # NADs here keep their IPAM state in the test's dir.
+            "allowedHostPaths": [*DEFAULT_ALLOWED_HOST_PATHS, str(self.root)],
         }
         conf.update(extra)
         return conf

@@ -92,6 +92,8 @@ EVERY_KEY: list[tuple[str, Any, str, Any]] = [
     ("deviceCheckpointFile", "/run/checkpoint", "device_checkpoint_file", "/run/checkpoint"),
     ("deviceInfoDir", "/run/devinfo", "device_info_dir", "/run/devinfo"),
     ("apiWriteTimeout", 0.5, "api_write_timeout", 0.5),
+    ("allowedHostPaths", ["/srv/cni"], "allowed_host_paths", ["/srv/cni"]),
+    ("trustSystemNamespaces", True, "trust_system_namespaces", True),
 ]
 
 
