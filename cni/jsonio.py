@@ -4,7 +4,8 @@ Python's decoder recurses once per nesting level, so a document nested thousands
 levels deep raises RecursionError, and one nested just under the interpreter's limit
 breaks whatever recurses over it later (deepcopy, json.dumps, validation). Every
 untrusted document goes through `loads`, which bounds size and depth and reports a CNI
-decode error (code 6) naming the document.
+decode error (code 6) naming the document. That error is a ValueError too, as
+`json.loads`'s are, so `loads` drops in wherever `json.loads` was.
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ MAX_DEPTH = 64
 """Nesting levels; real CNI configs use fewer than ten."""
 
 
+class DecodeError(CNIError, ValueError):
+    """CNIError(DECODE_FAILURE) for a document `loads` refuses."""
+
+
 def loads(data: bytes | str, what: str, max_bytes: int = MAX_BYTES) -> Any:
-    """The JSON value in `data`; CNIError(DECODE_FAILURE) naming `what` when it is not
-    JSON, longer than `max_bytes` or nested deeper than MAX_DEPTH."""
+    """The JSON value in `data`; DecodeError naming `what` when it is not JSON, longer
+    than `max_bytes` or nested deeper than MAX_DEPTH."""
     if len(data) > max_bytes:
-        raise CNIError(
+        raise DecodeError(
             ErrorCode.DECODE_FAILURE,
             f"{what} is too large: {len(data)} bytes, at most {max_bytes} are accepted",
         )
@@ -33,12 +38,12 @@ def loads(data: bytes | str, what: str, max_bytes: int = MAX_BYTES) -> Any:
     except RecursionError:
         raise _too_deep(what) from None
     except json.JSONDecodeError as exc:
-        raise CNIError(
+        raise DecodeError(
             ErrorCode.DECODE_FAILURE,
             f"{what}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
         ) from None
     except ValueError as exc:  # bytes that are not UTF-8, -16 or -32
-        raise CNIError(ErrorCode.DECODE_FAILURE, f"{what}: invalid JSON", str(exc)) from None
+        raise DecodeError(ErrorCode.DECODE_FAILURE, f"{what}: invalid JSON", str(exc)) from None
     # A document with fewer opening brackets cannot nest deeper: most skip the scan.
     if _openers(data) > MAX_DEPTH and _deeper_than(data, MAX_DEPTH):
         raise _too_deep(what)
@@ -76,5 +81,5 @@ def _deeper_than(data: bytes | str, limit: int) -> bool:
     return True
 
 
-def _too_deep(what: str) -> CNIError:
-    return CNIError(ErrorCode.DECODE_FAILURE, f"{what} is nested deeper than {MAX_DEPTH} levels")
+def _too_deep(what: str) -> DecodeError:
+    return DecodeError(ErrorCode.DECODE_FAILURE, f"{what} is nested deeper than {MAX_DEPTH} levels")

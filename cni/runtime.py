@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cni import jsonio
 from cni.cache import CacheEntry, ResultCache
 from cni.config import NetworkConfigList, plugin_stdin
 from cni.env import cni_env
@@ -226,10 +226,7 @@ def _call_log(command: str, rt: RuntimeConf | None) -> StepLogger:
 def _parse_result(out: bytes, net: NetworkConfigList, plugin: Mapping[str, Any]) -> Result:
     """A plugin's ADD output, read in its own version and converted to the list's."""
     try:
-        try:
-            data = json.loads(out)
-        except ValueError as err:
-            raise CNIError(ErrorCode.DECODE_FAILURE, "it is not JSON", str(err)) from None
+        data = jsonio.loads(out, "its output")
         if not isinstance(data, dict):
             raise CNIError(ErrorCode.DECODE_FAILURE, "it is not a JSON object")
         # A result without cniVersion is in the config's version (libcni decodes it so).

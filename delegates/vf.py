@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cni import jsonio
 from cni.fileio import write_atomic
 from delegates.link import (
     IFINFO,
@@ -252,7 +253,7 @@ def write_cache(path: Path, record: dict[str, Any]) -> None:
 
 def read_cache(path: Path) -> dict[str, Any] | None:
     try:
-        record = json.loads(path.read_text())
+        record = jsonio.loads(path.read_bytes(), f"sriov state {path}")
     except FileNotFoundError:
         return None
     except ValueError:

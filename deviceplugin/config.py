@@ -10,12 +10,13 @@ Errors raise `ConfigError` naming the offending field.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from cni import jsonio
 
 DEFAULT_PREFIX = "intel.com"  # the DP's --resource-prefix default
 _HEX_ID = re.compile(r"^[0-9a-fA-F]{4}$")
@@ -147,9 +148,9 @@ def _location(loc: tuple[int | str, ...]) -> str:
 def parse_config(data: bytes | str) -> DevicePluginConfig:
     """Parse and validate a config document; raises ConfigError."""
     try:
-        raw = json.loads(data)
-    except ValueError as exc:
-        raise ConfigError(f"device plugin config is not JSON: {exc}") from None
+        raw = jsonio.loads(data, "device plugin config")
+    except jsonio.DecodeError as exc:
+        raise ConfigError(exc.msg) from None
     if not isinstance(raw, dict):
         raise ConfigError("device plugin config must be a JSON object with 'resourceList'")
     try:

@@ -22,11 +22,15 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+from cni import jsonio
 from cni.errors import CNIError, ErrorCode
 from kube.kubeconfig import Credentials
 
 IDLE_CONNECTIONS = 16
 """Kept-alive connections kept for the next requests (concurrent calls use more)."""
+MAX_RESPONSE = 1 << 30
+"""Bytes of one answer decoded: a list is not bounded by the server (a large cluster's
+nodes are ~100 MB), so the nesting bound is what guards against objects tenants wrote."""
 
 
 class APIError(Exception):
@@ -89,7 +93,8 @@ class KubeAPI:
         text = payload.decode(errors="replace")
         if response.status >= 300:
             raise APIError(response.status, text)
-        result: dict[str, Any] = json.loads(text) if text else {}
+        what = f"the API server's answer to {method} {path}"
+        result: dict[str, Any] = jsonio.loads(text, what, MAX_RESPONSE) if text else {}
         return result
 
     def watch(self, path: str, timeout_seconds: int) -> Iterator[dict[str, Any]]:
@@ -108,7 +113,7 @@ class KubeAPI:
                     while b"\n" in buffer:
                         line, buffer = buffer.split(b"\n", 1)
                         if line.strip():
-                            yield json.loads(line)
+                            yield jsonio.loads(line, f"an event of watch {path}", MAX_RESPONSE)
             except (OSError, http.client.HTTPException) as exc:
                 raise ConnectionError(f"watch {path}: {_describe(exc)}") from exc
         finally:

@@ -99,7 +99,7 @@ def _load(kubeconfig: str) -> dict[str, Any]:
         raise CNIError(
             ErrorCode.INVALID_CONFIG, f"cannot load Kubernetes config from {where}", detail
         )
-    loaded: dict[str, Any] = json.loads(done.stdout)
+    loaded: dict[str, Any] = json.loads(done.stdout)  # our own child's json.dumps (_dump)
     return loaded
 
 

@@ -9,11 +9,11 @@ Before a network with a device is attached, it is copied to the network's CNI fi
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from cni import jsonio
 from cni.deviceinfo import dp_path, write
 from cni.errors import CNIError, ErrorCode
 
@@ -33,12 +33,7 @@ def load(path: str | Path) -> dict[str, Any] | None:
         return None
     except OSError as exc:
         raise CNIError(ErrorCode.IO_FAILURE, f"cannot read device-info {path}", str(exc)) from exc
-    try:
-        info = json.loads(text)
-    except ValueError as exc:
-        raise CNIError(
-            ErrorCode.DECODE_FAILURE, f"device-info {path} is not valid JSON", str(exc)
-        ) from exc
+    info = jsonio.loads(text, f"device-info {path}")
     if not isinstance(info, dict):
         raise CNIError(ErrorCode.DECODE_FAILURE, f"device-info {path} is not a JSON object")
     return info

@@ -7,12 +7,12 @@ what was prepared before and a repeated Unprepare finds what to undo, or nothing
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from cni import jsonio
 from cni.fileio import write_atomic
 
 _UID = re.compile(r"^[A-Za-z0-9-]+$")
@@ -59,7 +59,7 @@ class PreparedState:
             data = self._path(uid).read_bytes()
         except FileNotFoundError:
             return None
-        return PreparedClaim.model_validate(json.loads(data))
+        return PreparedClaim.model_validate(jsonio.loads(data, str(self._path(uid))))
 
     def put(self, claim: PreparedClaim, fsync: bool = True) -> Path:
         """Write a claim's file; without `fsync` the caller makes it durable (make_durable)."""

@@ -3,8 +3,7 @@ or a repeated DEL) from the result cache and the networks its pod resolves to.""
 
 from __future__ import annotations
 
-import json
-
+from cni import jsonio
 from cni.cache import CacheEntry
 from cni.env import CmdArgs
 from cni.errors import CNIError
@@ -79,8 +78,8 @@ def delegates_from_result_cache(entries: list[CacheEntry]) -> list[Delegate]:
     delegates = []
     for entry in entries:
         try:
-            config = json.loads(entry.config)
-        except (ValueError, UnicodeDecodeError):
+            config = jsonio.loads(entry.config, f"the cached config of {entry.network_name}")
+        except ValueError:
             continue
         delegates.append(
             Delegate(

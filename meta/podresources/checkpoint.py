@@ -8,9 +8,9 @@ old kubelets and a map of NUMA node -> list since topology-aware allocation.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from cni import jsonio
 from cni.errors import CNIError, ErrorCode
 
 DEFAULT_CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
@@ -29,7 +29,7 @@ def pod_devices(
 ) -> dict[str, set[str]]:
     """Resource name -> device IDs allocated to any container of the pod with this UID."""
     try:
-        data = json.loads(text)
+        data = jsonio.loads(text, origin)
         entries = data["Data"]["PodDeviceEntries"] or []
     except (ValueError, TypeError, KeyError) as exc:
         raise CNIError(

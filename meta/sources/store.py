@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
+from cni import jsonio
 from cni.errors import CNIError, ErrorCode
 from cni.fileio import write_atomic
 from meta.sources.base import ClusterSource, NetworkAttachmentDefinition, Pod
@@ -262,7 +263,11 @@ def _load(path: Path) -> dict[str, Any] | None:
     except OSError as exc:
         raise CNIError(ErrorCode.IO_FAILURE, f"cannot read {path}: {exc}") from exc
     try:
-        body = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_Loader)
+        body = (
+            jsonio.loads(text, str(path))
+            if path.suffix == ".json"
+            else yaml.load(text, Loader=_Loader)
+        )
     except (ValueError, yaml.YAMLError) as exc:
         log.warning("%s: skipped: does not parse: %s", path, exc)
         return None

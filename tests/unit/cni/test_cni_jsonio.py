@@ -55,7 +55,8 @@ def test_deep_nesting_in_a_worker_thread_kills_nothing() -> None:
     thread = threading.Thread(target=work)
     thread.start()
     thread.join()
-    assert [type(e) for e in errors] == [CNIError]
+    assert [type(e) for e in errors] == [jsonio.DecodeError]
+    assert isinstance(errors[0], CNIError)
     assert sys.getrecursionlimit() >= 1000
 
 
@@ -73,3 +74,10 @@ def test_depth_is_measured_the_same_in_every_encoding_json_accepts(encoding: str
     deep = '{"s": "]]]]\\"}}", "k": ' + _nested(65) + "}"
     assert jsonio.loads(shallow.encode(encoding), "x")["a"][0] == '"[[\\"'
     assert "nested deeper" in _error(deep.encode(encoding)).msg
+
+
+@pytest.mark.parametrize("data", ["{", "x" * 20, _nested(jsonio.MAX_DEPTH + 1)])
+def test_every_refusal_is_a_value_error_as_json_loads_raises(data: str) -> None:
+    """So a caller that caught json.loads's ValueError still catches it."""
+    with pytest.raises(ValueError, match="the thing"):
+        jsonio.loads(data, "the thing", max_bytes=10 if data.startswith("x") else 1000)

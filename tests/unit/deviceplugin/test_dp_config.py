@@ -163,7 +163,7 @@ def test_duplicate_resource() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("{", "not JSON"),
+        ("{", "device plugin config: invalid JSON"),
         ("[]", "JSON object"),
         ("{}", "resourceList: Field required"),
         ('{"resourceList": {}}', "resourceList:"),

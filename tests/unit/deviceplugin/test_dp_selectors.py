@@ -213,7 +213,7 @@ def test_cli_list_pf_entry(
             '{"resourceList": [{"resourceName": "a", "selectors": [{"pfNames": ["p#x"]}]}]}',
             "resourceList[0].selectors[0].pfNames: 'p#x': bad VF range",
         ),
-        ("not json", "not JSON"),
+        ("not json", "device plugin config: invalid JSON"),
     ],
 )
 def test_cli_config_error_is_one_line(
@@ -226,7 +226,7 @@ def test_cli_config_error_is_one_line(
     assert exit_.value.code == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.startswith("plexus deviceplugin: invalid") or "not JSON" in captured.err
+    assert captured.err.startswith("plexus deviceplugin: invalid") or "invalid JSON" in captured.err
     assert message in captured.err
     assert "Traceback" not in captured.err and captured.err.count("\n") == 1
 
