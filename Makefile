@@ -10,7 +10,7 @@ setup:
 
 # Only what the demo needs (no Go tools, VM kernel or containerd); the time includes setup.
 demo:
-	@start=$$(date +%s); scripts/setup-base.sh && $(VENV)/bin/plexus demo; rc=$$?; \
+	@start=$$(date +%s); scripts/setup-base.sh && $(PY) -m tests.demo; rc=$$?; \
 	echo "make demo: $$(($$(date +%s) - start)) s, setup included"; exit $$rc
 
 test: setup lint

@@ -1,5 +1,5 @@
 """The `plexus` command line: install-cni, uninstall-cni, daemon, cni (replay a call by
-hand), inspect, demo, deviceplugin."""
+hand), inspect, deviceplugin."""
 
 from __future__ import annotations
 
@@ -60,8 +60,6 @@ def _parser() -> argparse.ArgumentParser:
     daemon.add_argument("--config", required=True, help="the daemon's config file (JSON)")
     daemon.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""))
 
-    sub.add_parser("demo", help="two pods, two networks, no Kubernetes: see it work")
-
     inspect = sub.add_parser(
         "inspect", help="this node's attachments against the kernel; exit 1 on problems"
     )
@@ -119,10 +117,6 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(run_daemon(args.config, args.node_name))
         except CNIError as exc:
             sys.exit(f"plexus daemon: {exc}")
-    elif args.command == "demo":
-        from meta.demo import run_demo
-
-        sys.exit(run_demo())
     elif args.command == "inspect":
         sys.exit(inspect_node(args.config, args.json))
     elif args.command == "deviceplugin":

@@ -15,6 +15,7 @@ from meta.install import BINARIES, SHIM_NAME
 from tests.netns.conftest import Node, sh
 
 PLEXUS = str(Path(sys.executable).parent / "plexus")
+REPO = Path(__file__).resolve().parents[2]
 MAC = "02:42:0a:60:04:04"
 
 
@@ -244,7 +245,10 @@ def test_install_cni_binaries_answer_version_with_only_cni_variables(tmp_path: P
 
 
 def test_demo_runs_end_to_end() -> None:
-    done = subprocess.run([PLEXUS, "demo"], capture_output=True, text=True, timeout=120)
+    """As `make demo` runs it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.demo"], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "demo passed" in done.stdout
     assert sh("ip", "netns", "list").stdout.count("plexus-demo") == 0

@@ -1,4 +1,4 @@
-"""`plexus demo`: two namespace "pods" on two networks, no Kubernetes needed.
+"""`make demo` (`python -m tests.demo`): two namespace "pods" on two networks, no Kubernetes.
 
 A "node" namespace holds the default network's bridge and a veth uplink that
 is the macvlan master; the pods get eth0 from reference bridge + host-local and
@@ -247,10 +247,10 @@ def _ping(src: str, address: str) -> bool:
 def run_demo() -> int:
     """Attach, show, ping, check, detach; returns the exit status."""
     if os.geteuid() != 0:
-        _say("plexus demo needs root (it creates network namespaces)")
+        _say("the demo needs root (it creates network namespaces)")
         return 1
     if not os.path.isdir(REFERENCE_PLUGINS):
-        _say(f"plexus demo needs the reference CNI plugins in {REFERENCE_PLUGINS} (make setup)")
+        _say(f"the demo needs the reference CNI plugins in {REFERENCE_PLUGINS} (make setup)")
         return 1
     root = Path(tempfile.mkdtemp(prefix="plexus-demo-"))
     ok = True
