@@ -6,7 +6,6 @@ import pytest
 
 from cni.errors import CNIError, ErrorCode
 from cni.version import (
-    CURRENT_VERSION,
     SUPPORTED_VERSIONS,
     parse_version,
     select_version,
@@ -34,10 +33,6 @@ def test_version_at_least() -> None:
     assert version_at_least("1.0.0", "0.4.0")
     assert not version_at_least("0.3.1", "0.4.0")
     assert version_at_least("0.10.0", "0.9.0")
-
-
-def test_constants() -> None:
-    assert CURRENT_VERSION == SUPPORTED_VERSIONS[-1] == "1.1.0"
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,8 +20,9 @@ from delegates.link import PLUGIN_ERROR
 from delegates.sriov import SriovPlugin
 from delegates.sublink import SubLinkPlugin
 from meta.config import load_meta_config
-from meta.install import BINARIES
+from meta.install import install_binaries
 from meta.plugin import MetaPlugin
+from tests.unit.conftest import Recorder as RecorderPlugin
 
 
 class Recorder:
@@ -66,8 +68,14 @@ def test_other_and_exec_types_go_to_the_fallback() -> None:
     assert fallback.calls[0][1] == CONF
 
 
-def test_default_fallback_execs() -> None:
-    assert isinstance(BuiltinExecutor().fallback, ExecExecutor)
+def test_a_type_it_does_not_host_is_execd_from_cni_path(
+    bin_dir: Path, recorder: RecorderPlugin
+) -> None:
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "recorder"}).encode()
+    env = cni_env("ADD", "cid", "/nonexistent/netns", "eth0", (), [str(bin_dir)])
+    out = json.loads(BuiltinExecutor().run("recorder", conf, env))
+    assert out["ips"] == [{"address": "192.0.2.7/24", "interface": 0}]
+    assert [c["env"]["CNI_COMMAND"] for c in recorder.calls()] == ["ADD"]
 
 
 def test_bad_env_is_a_cni_error() -> None:
@@ -165,6 +173,15 @@ def test_exec_types_route_a_hosted_plugins_ipam(ipam: str, tmp_path: Path) -> No
     ]
 
 
-def test_binaries_are_installed() -> None:
-    assert BINARIES["plexus-macvlan"] == "delegates.macvlan"
-    assert BINARIES["plexus-ipvlan"] == "delegates.ipvlan"
+@pytest.mark.parametrize("plugin", ["macvlan", "ipvlan"])
+def test_the_installed_binary_runs_its_plugin(tmp_path: Path, plugin: str) -> None:
+    install_binaries(tmp_path)
+    conf = {"cniVersion": "1.0.0", "name": "n", "type": plugin, "mode": "x"}
+    done = subprocess.run(
+        [tmp_path / f"plexus-{plugin}"],
+        input=json.dumps(conf).encode(),
+        env=_env(),
+        capture_output=True,
+    )
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["msg"] == f'unknown {plugin} mode: "x"'

@@ -14,7 +14,7 @@ import yaml
 
 from cni.errors import CNIError, ErrorCode
 from meta.sources.base import ClusterSource, NetworkAttachmentDefinition, Pod
-from meta.sources.store import EVENTS_FILE, EmbeddedStore
+from meta.sources.store import EVENTS_FILE, LOCK_FILE, EmbeddedStore
 from meta.status import NETWORK_STATUS_ANNOTATION
 
 NETWORKS = "k8s.v1.cni.cncf.io/networks"
@@ -375,8 +375,14 @@ def test_event_write_failure_is_logged_not_raised(tmp_path: Path) -> None:
     assert not (tmp_path / "nope").exists()
 
 
-def test_store_files_are_not_objects(tmp_path: Path, store: EmbeddedStore) -> None:
+def test_store_files_are_not_objects(
+    tmp_path: Path, store: EmbeddedStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its events file and lock file are not read as manifests (nor warned about)."""
     write(tmp_path, "p.yaml", pod("p"))
     store.record_event(Pod(namespace="default", name="p"), "Normal", "R", "m")
     store.set_network_status(Pod(namespace="default", name="p"), STATUS)
-    assert store.get_pod("default", "p") is not None
+    assert {p.name for p in tmp_path.iterdir()} >= {"p.yaml", EVENTS_FILE, LOCK_FILE}
+    with caplog.at_level(logging.WARNING, logger="plexus.store"):
+        assert [p.name for p in store.pods()] == ["p"]
+    assert caplog.records == []
