@@ -1,115 +1,23 @@
-"""Devices a pod holds through DRA ResourceClaims, and the claim status written for them.
+"""The engine's side of DRA: the device IDs a pod holds through its ResourceClaims, and
+the claim status written for the devices an ADD attached.
 
-As Multus reads them: each of the pod's claims (`spec.resourceClaims`, a template's
-generated name from `status.resourceClaimStatuses`) has allocation results naming a
-driver, pool and device; the device's ResourceSlice entry carries the attributes
-`k8s.cni.cncf.io/resourceName` (matched against a NAD's resourceName) and
-`k8s.cni.cncf.io/deviceID` (the ID the NAD's delegate gets), whatever the driver.
-Devices without both (a GPU in the same claim) are skipped. After ADD, each claim whose
-device got attached gets `status.devices[]` with a Ready condition and KEP-4817
-`networkData` (interface name, CIDRs, MAC).
+How claims and their devices are read (as Multus reads them) is meta/sources/claims.py.
+After ADD, each claim whose device got attached gets `status.devices[]` with a Ready
+condition and KEP-4817 `networkData` (interface name, CIDRs, MAC).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any
 
-from cni.errors import CNIError, ErrorCode
 from cni.result import Result
 from meta.delegate import Delegate
 from meta.devices import DeviceSource
-from meta.sources.base import ClaimDevice, ClaimSource, Pod, PodClaim
+from meta.sources.base import ClaimDevice, ClaimSource, Pod
 
-RESOURCE_NAME_ATTRIBUTE = "k8s.cni.cncf.io/resourceName"
-DEVICE_ID_ATTRIBUTE = "k8s.cni.cncf.io/deviceID"
-API_VERSION = "resource.k8s.io/v1"
-FIELD_MANAGER = "plexus"
 READY_REASON = "NetworkAttached"
-
-
-class DeviceKey(NamedTuple):
-    """A device as an allocation result names it."""
-
-    driver: str
-    pool: str
-    device: str
-
-
-class DeviceAttributes(NamedTuple):
-    """The two Multus attributes of a published device."""
-
-    resource_name: str
-    device_id: str
-
-
-def pod_claims(spec: dict[str, Any], status: dict[str, Any]) -> list[PodClaim]:
-    """A pod's `spec.resourceClaims`, each with the ResourceClaim it names."""
-    generated = {
-        str(s.get("name", "")): s.get("resourceClaimName")
-        for s in status.get("resourceClaimStatuses") or []
-    }
-    claims = []
-    for entry in spec.get("resourceClaims") or []:
-        name = str(entry.get("name", ""))
-        if entry.get("resourceClaimName"):
-            claims.append(PodClaim(name=name, claim=str(entry["resourceClaimName"])))
-        elif entry.get("resourceClaimTemplateName"):
-            made = (generated[name] or "") if name in generated else None
-            claims.append(PodClaim(name=name, claim=made, template=True))
-    return claims
-
-
-def slice_attributes(obj: dict[str, Any]) -> dict[str, DeviceAttributes | None]:
-    """Device name -> Multus attributes for each device of a ResourceSlice (None for a
-    device that has not both)."""
-    found: dict[str, DeviceAttributes | None] = {}
-    for device in (obj.get("spec") or {}).get("devices") or []:
-        attrs = device.get("attributes") or {}
-        resource = (attrs.get(RESOURCE_NAME_ATTRIBUTE) or {}).get("string")
-        device_id = (attrs.get(DEVICE_ID_ATTRIBUTE) or {}).get("string")
-        both = DeviceAttributes(str(resource), str(device_id)) if resource and device_id else None
-        found[str(device.get("name", ""))] = both
-    return found
-
-
-def allocated_devices(
-    obj: dict[str, Any], where: str, lookup: Callable[[DeviceKey], DeviceAttributes | None]
-) -> list[ClaimDevice]:
-    """The devices of a ResourceClaim's allocation that carry the Multus attributes.
-
-    `where` names the claim in errors; `lookup` finds a device's attributes (None for a
-    device that has not both).
-    """
-    meta = obj.get("metadata") or {}
-    allocation = (obj.get("status") or {}).get("allocation")
-    results = ((allocation or {}).get("devices") or {}).get("results")
-    if not results:
-        raise CNIError(
-            ErrorCode.TRY_AGAIN_LATER,
-            f"{where} is not allocated",
-            "the scheduler allocates a claim before the pod runs; the kubelet retries",
-        )
-    devices = []
-    for result in results:
-        key = DeviceKey(str(result["driver"]), str(result["pool"]), str(result["device"]))
-        attrs = lookup(key)
-        if attrs is not None:
-            devices.append(
-                ClaimDevice(
-                    namespace=str(meta.get("namespace", "")),
-                    claim=str(meta.get("name", "")),
-                    uid=str(meta.get("uid", "")),
-                    driver=key.driver,
-                    pool=key.pool,
-                    device=key.device,
-                    share_id=str(result.get("shareID") or ""),
-                    resource_name=attrs.resource_name,
-                    device_id=attrs.device_id,
-                )
-            )
-    return devices
 
 
 class ClaimedDevices:
@@ -196,17 +104,3 @@ def status_by_claim(
         key = (device.namespace, device.claim, device.uid)
         grouped.setdefault(key, []).append(device_status(device, delegate, result))
     return grouped
-
-
-def apply_body(
-    namespace: str, claim: str, uid: str, devices: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """The server-side apply object for a claim's status; the UID makes a newer claim of
-    the same name refuse it."""
-    metadata = {"name": claim, "namespace": namespace, **({"uid": uid} if uid else {})}
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "ResourceClaim",
-        "metadata": metadata,
-        "status": {"devices": devices},
-    }

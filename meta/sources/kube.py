@@ -18,10 +18,9 @@ from typing import Any, TypeVar
 from kube.api import APIError, KubeAPI, get_object
 from kube.informer import Informer
 from kube.writes import BackgroundWriter, Write, write_bounded
-from meta.claims import pod_claims
 from meta.config import DEFAULT_WRITE_BACKLOG, DEFAULT_WRITE_TIMEOUT
 from meta.sources.base import NetworkAttachmentDefinition, Pod
-from meta.sources.claims import KubeClaims
+from meta.sources.claims import KubeClaims, pod_claims
 from meta.status import NETWORK_STATUS_ANNOTATION
 
 log = logging.getLogger("plexus.kube")

@@ -24,9 +24,13 @@ import pytest
 import yaml
 
 from kube.api import KubeAPI
-from meta.claims import DEVICE_ID_ATTRIBUTE, FIELD_MANAGER, RESOURCE_NAME_ATTRIBUTE
 from meta.sources.base import RESOURCE_NAME_ANNOTATION, Pod, PodClaim
-from meta.sources.claims import KubeClaims
+from meta.sources.claims import (
+    DEVICE_ID_ATTRIBUTE,
+    FIELD_MANAGER,
+    RESOURCE_NAME_ATTRIBUTE,
+    KubeClaims,
+)
 from tests.cluster.apiserver import REPO, Cluster, audit_events
 from tests.cluster.test_daemon_kube import KubeNode
 from tests.kubelet import serve

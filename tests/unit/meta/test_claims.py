@@ -8,20 +8,19 @@ import pytest
 
 from cni.errors import CNIError, ErrorCode
 from cni.result import Result
-from meta.claims import (
+from meta.claims import ClaimedDevices, status_by_claim
+from meta.delegate import Delegate
+from meta.sources.base import ClaimDevice, Pod, PodClaim
+from meta.sources.claims import (
     DEVICE_ID_ATTRIBUTE,
     RESOURCE_NAME_ATTRIBUTE,
-    ClaimedDevices,
     DeviceAttributes,
     DeviceKey,
     allocated_devices,
     apply_body,
     pod_claims,
     slice_attributes,
-    status_by_claim,
 )
-from meta.delegate import Delegate
-from meta.sources.base import ClaimDevice, Pod, PodClaim
 from meta.sources.kube import _pod
 from tests.unit.meta.test_devices import FakeDevices
 
