@@ -46,7 +46,7 @@ def run_daemon(config_path: str, node_name: str) -> int:
         source.start()
     ready = threading.Event()
     ipam = None
-    if isinstance(source, KubeSource):
+    if isinstance(source, KubeSource) and "whereabouts" not in conf.exec_delegates:
         from meta.daemon.ipam import DaemonIPAM  # whereabouts in process: with an API only
 
         ipam = DaemonIPAM(conf, source, node_name)
