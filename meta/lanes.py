@@ -6,7 +6,7 @@ hangs from and their IPAM's state (locked per network), so they run, in order, o
 thread of the call's own while the exec'd plugins (the default network, third-party
 secondaries) run in order on the calling thread. A call's side lane has its thread to
 itself, so a delegate that hangs holds up only its own pod; threads are reused
-(meta/threads.py).
+(cni/threads.py).
 What depends on order stays in order:
 - a network whose plugins are not all in-process keeps its place in the sequence;
 - one that names a link inside the pod (`linkInContainer`) first waits for every
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from cni import callscope
 from cni.errors import CNIError
 from cni.result import Result
+from cni.threads import ReusedThreads
 from meta.delegate import Delegate
-from meta.threads import ReusedThreads
 
 BESIDE = "beside"
 IN_ORDER = "in order"

@@ -1,7 +1,7 @@
 """The unix-socket server the shim talks to.
 
 Each connection carries one CNI call (see protocol.py), read on a thread of its own
-(reused: meta/threads.py) within one deadline for the whole request, so an idle or
+(reused: cni/threads.py) within one deadline for the whole request, so an idle or
 trickling client holds nothing but its thread. Only then does the call wait for one of
 `max_concurrent_requests` worker slots. While it runs, a vanished shim (the runtime gave
 up on the call) cancels it.
@@ -23,10 +23,10 @@ from pathlib import Path
 
 from cni import callscope, skel
 from cni.errors import CNIError, ErrorCode
+from cni.threads import ReusedThreads
 from meta.daemon import protocol
 from meta.daemon.metrics import Metrics
 from meta.plugin import MetaPlugin
-from meta.threads import ReusedThreads
 
 log = logging.getLogger("plexus.daemon")
 

@@ -3,7 +3,8 @@
 Same config for all three, in a private node namespace (veth master) with a fresh
 pod namespace per ADD; DEL untimed. The exec'd contenders run under `ip netns exec`,
 whose cost (measured as an exec of /bin/true) is subtracted; the in-process one runs
-on a thread that enters the node namespace, as the daemon does.
+through the daemon's executor (delegates.builtin, with the default delegate timeout)
+from a thread that enters the node namespace.
 
     sudo .venv/bin/python3 -m tests.bench.bench_macvlan --runs 30
 
@@ -26,11 +27,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cni import skel
-from cni.env import cmd_args_from_env
-from delegates.macvlan import MacvlanPlugin
+from cni import callscope
+from delegates.builtin import BuiltinExecutor
 from delegates.netns import run_in_netns
 from tests.bench.common import Bench, baseline, sh
+
+DELEGATE_TIMEOUT = 30.0  # delegateTimeoutSeconds' default
 
 
 def _env(bench: Bench, verb: str, cid: str, netns: str) -> dict[str, str]:
@@ -57,10 +59,12 @@ def _in_process_add(bench: Bench) -> float:
     pod = bench.pod()
     cid, netns = f"m{bench.count}", f"/run/netns/{pod}"
     data = json.dumps(bench.macvlan(0)).encode()
-    plugin = MacvlanPlugin()
+    executor = BuiltinExecutor()
 
     def call(verb: str) -> None:
-        skel.dispatch(plugin, cmd_args_from_env(_env(bench, verb, cid, netns), data))
+        with callscope.call_scope() as scope:  # bounded as the daemon's calls are
+            scope.timeout = DELEGATE_TIMEOUT
+            executor.run("macvlan", data, _env(bench, verb, cid, netns))
 
     start = time.perf_counter()
     run_in_netns(f"/run/netns/{bench.node}", lambda: call("ADD"))

@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
+from cni import callscope
 from cni.env import cni_env
 from cni.errors import CNIError
 from cni.invoke import ExecExecutor
+from cni.result import Result
 from cni.skel import UNEXPECTED_ERROR
 from delegates import builtin
 from delegates.builtin import BuiltinExecutor
@@ -185,3 +189,95 @@ def test_the_installed_binary_runs_its_plugin(tmp_path: Path, plugin: str) -> No
     )
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["msg"] == f'unknown {plugin} mode: "x"'
+
+
+class Stuck:
+    """A fake in-process plugin whose ADD waits for `release`, noting each start; it
+    notes the call scope's root it sees (the one of the call it serves)."""
+
+    def __init__(self, release: threading.Event, seen: list[str]) -> None:
+        self.release, self.seen = release, seen
+
+    def add(self, args: object) -> Result:
+        self.seen.append(callscope.current().root)
+        self.release.wait(WAIT)
+        return Result(ips=[])
+
+
+WAIT = 30.0
+GOOD = CONF.replace(b'"x"', b'"bridge"')
+
+
+def _bounded(timeout: float, root: str = "/hostroot") -> Iterator[callscope.CallScope]:
+    with callscope.call_scope() as scope:
+        scope.timeout, scope.root = timeout, root
+        yield scope
+
+
+def test_an_in_process_plugin_past_its_deadline_fails_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As an exec'd plugin's: code 5 naming it and the deadline, at the deadline; the
+    work runs on with the call's scope (it cannot be killed) and its result is dropped."""
+    release, seen = threading.Event(), list[str]()
+    monkeypatch.setattr(builtin, "hosted_plugin", lambda *args: Stuck(release, seen))
+    try:
+        for _ in _bounded(0.3):
+            started = time.monotonic()
+            with pytest.raises(CNIError) as info:
+                BuiltinExecutor().run("macvlan", GOOD, _env())
+            assert 0.25 < time.monotonic() - started < WAIT / 2
+        assert (info.value.code, seen) == (5, ["/hostroot"])
+        assert info.value.msg.startswith("plugin macvlan timed out after 0.3 s (in-process")
+    finally:
+        release.set()
+
+
+def test_a_late_call_of_a_stuck_attachment_never_runs_and_others_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Work that outlives its call holds its attachment: a later call of that attachment
+    fails at its own deadline and does not run even once the stuck work ends (it would
+    run after its caller gave up); another attachment's call runs meanwhile."""
+    release, seen = threading.Event(), list[str]()
+    monkeypatch.setattr(builtin, "hosted_plugin", lambda *args: Stuck(release, seen))
+    executor = BuiltinExecutor()
+    try:
+        for _ in _bounded(0.2):
+            for _ in range(2):
+                with pytest.raises(CNIError, match="timed out"):
+                    executor.run("macvlan", GOOD, _env())
+            assert seen == ["/hostroot"]
+            other = {**_env(), "CNI_IFNAME": "net1"}
+            with pytest.raises(CNIError, match="timed out"):
+                executor.run("macvlan", GOOD, other)
+            assert len(seen) == 2
+    finally:
+        release.set()
+    deadline = time.monotonic() + WAIT
+    while builtin._attachments._locks and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (builtin._attachments._locks, len(seen)) == ({}, 2)
+
+
+def test_a_plugins_own_calls_through_the_executor_run_within_its_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hosted plugin reaching its IPAM through this executor (same attachment) runs it
+    on its own thread, not behind its own attachment lock."""
+    executor = BuiltinExecutor()
+
+    class Nesting:
+        def add(self, args: object) -> Result:
+            executor.run("ipvlan", GOOD, _env("VERSION"))
+            executor.run("macvlan", GOOD, _env("DEL"))
+            return Result(ips=[])
+
+        def delete(self, args: object) -> None:
+            pass
+
+        check = status = gc = delete
+
+    monkeypatch.setattr(builtin, "hosted_plugin", lambda *args: Nesting())
+    for _ in _bounded(5):
+        assert json.loads(executor.run("macvlan", GOOD, _env()))["cniVersion"] == "1.0.0"

@@ -1,10 +1,10 @@
-"""meta/threads.py: reused threads."""
+"""cni/threads.py: reused threads."""
 
 from __future__ import annotations
 
 import threading
 
-from meta.threads import ReusedThreads
+from cni.threads import ReusedThreads
 
 WAIT = 10.0
 
