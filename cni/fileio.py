@@ -4,24 +4,81 @@ writes its state files."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+
+NAME_MAX = 255
+"""Bytes in a file name (ext4, xfs, btrfs, tmpfs): longer ones fail with ENAMETOOLONG."""
+_PARTIAL_PREFIX = 64
+"""Bytes of a file's name that its temporary name (write_atomic) starts with."""
+
+
+def name_problem(name: str) -> str | None:
+    """Why the filesystem would refuse `name` as one file name, or None."""
+    size = len(name.encode(errors="surrogateescape"))
+    if size > NAME_MAX:
+        return f"{size} bytes, more than the {NAME_MAX} a file name may have"
+    return None
+
+
+def open_regular(path: str, flags: int, mode: int = 0o644, dir_fd: int | None = None) -> int:
+    """A descriptor of the regular file `path` (relative to `dir_fd` if given), opened with
+    `flags`; with O_CREAT it is created if missing. A symlink, FIFO, device or socket
+    there is never opened (OSError EINVAL), nor followed."""
+    try:
+        st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path)
+    flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(path, flags, mode, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # put there since the stat
+        os.close(fd)
+        raise _not_regular(path)
+    return fd
+
+
+def read_regular(path: str, limit: int, dir_fd: int | None = None) -> bytes:
+    """The contents of the regular file `path` (as open_regular finds it); OSError EFBIG
+    if it holds more than `limit` bytes, which are never read."""
+    fd = open_regular(path, os.O_RDONLY, dir_fd=dir_fd)
+    try:
+        if os.fstat(fd).st_size <= limit:
+            data = os.read(fd, limit + 1)
+            if len(data) <= limit:
+                return data
+    finally:
+        os.close(fd)
+    raise OSError(errno.EFBIG, f"holds more than {limit} bytes", path)
+
+
+def _not_regular(path: str) -> OSError:
+    return OSError(errno.EINVAL, "not a regular file (a symlink, FIFO or device)", path)
 
 
 def write_atomic(path: str | Path, data: bytes, mode: int = 0o600, fsync: bool = False) -> None:
     """Replace `path` with `data`: readers see the old file or the new one, never a part.
 
     The data goes to a temporary file beside `path` (named after this process and
-    thread, so concurrent writers never share one), which is then renamed over it.
+    thread, so concurrent writers never share one, and after the start of the file's
+    name, so that it fits wherever the name does), which is then renamed over it.
     `fsync` makes the file durable: its data before the rename, the rename after it
     (see make_durable). Raises OSError; no temporary file is left behind.
     """
     target = Path(path)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    start = target.name.encode(errors="surrogateescape")[:_PARTIAL_PREFIX]
+    partial = target.with_name(
+        f".{start.decode(errors='ignore')}.{os.getpid()}.{threading.get_ident()}.tmp"
+    )
     try:
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
         try:

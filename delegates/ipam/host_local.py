@@ -23,6 +23,7 @@ from pydantic import Field
 
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
+from cni.fileio import read_regular
 from cni.result import DNS, IPConfig, Result, Route
 from delegates.ipam.common import (
     CHECK_FAILED,
@@ -48,7 +49,10 @@ from delegates.ipam.ranges import (
     set_string,
     sets_overlap,
 )
-from delegates.ipam.store import Store, open_store
+from delegates.ipam.store import Store, on_host, open_store
+
+MAX_RESOLV_CONF = 65536
+"""Bytes a resolvConf file may hold (glibc reads a few KiB of one)."""
 
 
 class RangeConf(ConfModel):
@@ -289,10 +293,11 @@ def _ip_config(ip: IPAddress, r: Range) -> IPConfig:
 
 
 def parse_resolv_conf(path: str) -> DNS:
-    """DNS settings from a resolv.conf: nameserver, domain, search and options lines."""
+    """DNS settings from a resolv.conf: nameserver, domain, search and options lines.
+    Read under the call's root, as the data dir: a regular file of at most
+    MAX_RESOLV_CONF bytes, not through a symlink."""
     try:
-        with open(path, "rb") as f:
-            text = f.read().decode(errors="replace")
+        text = read_regular(on_host(path), MAX_RESOLV_CONF).decode(errors="replace")
     except OSError as err:
         reason = err.strerror or str(err)  # Go spells it in lower case
         raise CNIError(

@@ -7,63 +7,98 @@ Layout under `<dataDir>/<network>/` (dataDir defaults to /var/lib/cni/networks):
 - `last_reserved_ip.<range set index>`: the last address reserved from that range set;
 - `lock`: flock()ed exclusively around every read-modify-write, as the reference does
   (go-filemutex), so this store and the reference binary can share one directory.
+
+A config names dataDir and the network, so the store touches only what it must: the
+network's own directory, one level (never a network nested in it), and in it only
+regular files, of bounded size, never through a symlink; a lease is read only if its
+name is an address. A FIFO, a device node or a symlink in its place is refused (the
+lock file, the last reserved IP) or skipped (a lease), never opened.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
-import stat
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
 from cni import callscope
 from cni.errors import CNIError, ErrorCode
+from cni.fileio import name_problem, open_regular, read_regular
 from delegates.ipam.common import IPAddress, parse_ip
 
 DEFAULT_DATA_DIR = "/var/lib/cni/networks"
 LINE_BREAK = "\r\n"
 LAST_IP_PREFIX = "last_reserved_ip."
 LOCK_FILE = "lock"
+MAX_FILE = 4096
+"""Bytes a lease or last-reserved file may hold ("<containerID>\\r\\n<ifname>", an
+address); a bigger one is not the store's."""
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _io_error(what: str, err: OSError) -> CNIError:
     return CNIError(ErrorCode.IO_FAILURE, f"host-local: cannot {what}", str(err))
 
 
-def _on_host(data_dir: str) -> str:
-    """The data dir as this call sees it: under the host's / (the call scope's root, a
-    daemon's chrootDir), where the exec'd host-local of other plugins keeps it too."""
-    return callscope.current().root + (data_dir or DEFAULT_DATA_DIR)
+def on_host(path: str) -> str:
+    """A path a config names (dataDir, resolvConf) as this call sees it: under the host's
+    / (the call scope's root, a daemon's chrootDir), where the exec'd host-local of other
+    plugins finds it too."""
+    return callscope.current().root + path
+
+
+def network_dir_problem(network: str) -> str | None:
+    """Why `network` cannot name a directory of its own in a data dir, or None."""
+    if not network or network in (".", "..") or "/" in network or "\0" in network:
+        return f"network name {network!r} cannot name a directory"
+    if problem := name_problem(network):
+        return f"network name {network!r} cannot name a directory: {problem}"
+    return None
 
 
 @contextmanager
 def open_store(network: str, data_dir: str = "") -> Iterator[Store]:
     """Create the network dir if needed and hold its lock while the block runs."""
-    directory = os.path.join(_on_host(data_dir), network)
+    if problem := network_dir_problem(network):
+        raise CNIError(ErrorCode.INVALID_CONFIG, f"host-local: {problem}")
+    parent = on_host(data_dir or DEFAULT_DATA_DIR)
+    directory = os.path.join(parent, network)
     try:
-        os.makedirs(directory, 0o755, exist_ok=True)
-        fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDONLY | os.O_CREAT, 0o750)
+        os.makedirs(parent, 0o755, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o755)
+        dir_fd = os.open(directory, _DIR)
     except OSError as err:
         raise _io_error(f"open the data dir {directory}", err) from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield Store(directory)
+        try:
+            fd = open_regular(LOCK_FILE, os.O_RDONLY | os.O_CREAT, 0o750, dir_fd)
+        except OSError as err:
+            raise _io_error(f"open the lock file {directory}/{LOCK_FILE}", err) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield Store(dir_fd, directory)
+        finally:
+            os.close(fd)  # closing the last descriptor releases the flock
     finally:
-        os.close(fd)  # closing the last descriptor releases the flock
+        os.close(dir_fd)
 
 
 class Store:
     """The reservations of one network; use through open_store() so the lock is held."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, dir_fd: int, directory: str) -> None:
+        self.fd = dir_fd
         self.dir = directory
 
     def reserve(self, cid: str, ifname: str, ip: IPAddress, range_id: str) -> bool:
         """Create the file for `ip`; False if someone holds it already."""
-        path = os.path.join(self.dir, str(ip))
+        name = str(ip)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(name, flags, 0o644, dir_fd=self.fd)
         except FileExistsError:
             return False
         except OSError as err:
@@ -72,10 +107,10 @@ class Store:
             with os.fdopen(fd, "wb") as f:
                 f.write(_key(cid, ifname))
         except OSError as err:
-            _unlink(path)
+            self._unlink(name)
             raise _io_error(f"reserve {ip}", err) from None
         try:
-            _overwrite(os.path.join(self.dir, LAST_IP_PREFIX + range_id), str(ip).encode())
+            self._overwrite(LAST_IP_PREFIX + range_id, name.encode())
         except OSError as err:
             raise _io_error("record the last reserved IP", err) from None
         return True
@@ -83,100 +118,115 @@ class Store:
     def last_reserved(self, range_id: str) -> IPAddress | None:
         """The last address reserved from range set `range_id`, if recorded and valid."""
         try:
-            with open(os.path.join(self.dir, LAST_IP_PREFIX + range_id), "rb") as f:
-                return parse_ip(f.read().decode(errors="replace"))
+            data = read_regular(LAST_IP_PREFIX + range_id, MAX_FILE, self.fd)
         except OSError:
             return None
+        return parse_ip(data.decode(errors="replace"))
 
     def get_by_id(self, cid: str, ifname: str) -> list[IPAddress]:
         """Addresses held by this container+ifname (or, in old files, by the container)."""
         keys = (_key(cid, ifname), cid.strip().encode())
-        found = []
-        for path, data in self._files():
-            ip = parse_ip(os.path.basename(path))
-            if data in keys and ip is not None:
-                found.append(ip)
-        return found
+        return [ip for ip, data in self._leases() if data in keys]
 
     def find_by_id(self, cid: str, ifname: str) -> bool:
         """True if this container+ifname (or an old file of the container) holds an address."""
         keys = (_key(cid, ifname), cid.strip().encode())
-        return any(data in keys for _, data in self._files())
+        return any(data in keys for _, data in self._leases())
 
     def release(self, cid: str, ifname: str) -> None:
         """Drop the container+ifname's files; if none, the container's old-format files."""
         for key in (_key(cid, ifname), cid.strip().encode()):
-            matches = [path for path, data in self._files() if data == key]
-            removed = [path for path in matches if _unlink(path)]
+            matches = [str(ip) for ip, data in self._leases() if data == key]
+            removed = [name for name in matches if self._unlink(name)]
             if removed:
                 return
 
     def gc(self, valid: Collection[tuple[str, str]]) -> None:
         """Release every reservation whose (containerID, ifname) is not in `valid`."""
         ids = {cid for cid, _ in valid}
-        for path, data in self._files():
-            if parse_ip(os.path.basename(path)) is None:
-                continue
+        for ip, data in self._leases():
             cid, sep, ifname = data.decode(errors="replace").partition(LINE_BREAK)
             keep = (cid, ifname) in valid if sep else cid in ids
             if not keep:
-                _unlink(path)
+                self._unlink(str(ip))
 
-    def _files(self) -> Iterator[tuple[str, bytes]]:
-        """(path, stripped content) of every file under the dir, in lexical walk order."""
-        return _walk(self.dir)
+    def _leases(self) -> list[tuple[IPAddress, bytes]]:
+        """(address, stripped content) of the leases in this network's own dir, by name."""
+        return [(ip, data) for _, ip, data in _leases_in(self.fd)]
+
+    def _overwrite(self, name: str, data: bytes) -> None:
+        """Make the file hold `data`, rewriting it in place: O_TRUNC would free and
+        reallocate its block, which costs ~0.1 ms on ext4. Readers hold the store's lock."""
+        fd = open_regular(name, os.O_WRONLY | os.O_CREAT, 0o666, self.fd)  # as open("wb")
+        try:
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
+
+    def _unlink(self, name: str) -> bool:
+        try:
+            os.unlink(name, dir_fd=self.fd)
+        except OSError:
+            return False
+        return True
 
 
 def leases(data_dir: str = "") -> list[tuple[str, str, str, str]]:
-    """(network, IP, containerID, ifname) of every reservation under `data_dir`, read
-    without the networks' locks: a view for reports, not for decisions."""
-    root = _on_host(data_dir)
+    """(network, IP, containerID, ifname) of every reservation under `data_dir`: the
+    leases of <data_dir>/<network>/<ip>, exactly two levels, read without the networks'
+    locks: a view for reports, not for decisions."""
+    try:
+        root = os.open(
+            on_host(data_dir or DEFAULT_DATA_DIR), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        )
+    except OSError:
+        return []
     found = []
-    for path, data in _walk(root):
-        ip = os.path.basename(path)
-        if parse_ip(ip) is None:
-            continue
-        cid, _, ifname = data.decode(errors="replace").partition(LINE_BREAK)
-        found.append((os.path.relpath(os.path.dirname(path), root), ip, cid, ifname))
+    try:
+        for network in _names(root, dirs=True):
+            try:
+                fd = os.open(network, _DIR, dir_fd=root)
+            except OSError:
+                continue
+            try:
+                for _, ip, data in _leases_in(fd):
+                    cid, _, ifname = data.decode(errors="replace").partition(LINE_BREAK)
+                    found.append((network, str(ip), cid, ifname))
+            finally:
+                os.close(fd)
+    finally:
+        os.close(root)
     return found
 
 
-def _walk(directory: str) -> Iterator[tuple[str, bytes]]:
+def _names(dir_fd: int, dirs: bool) -> list[str]:
+    """The sorted names of the directories (`dirs`) or regular files in the directory,
+    symlinks not followed; none if it cannot be listed."""
     try:
-        names = sorted(os.listdir(directory))
+        with os.scandir(dir_fd) as entries:
+            return sorted(
+                e.name
+                for e in entries
+                if (e.is_dir(follow_symlinks=False) if dirs else e.is_file(follow_symlinks=False))
+            )
     except OSError:
-        return
-    for name in names:
-        path = os.path.join(directory, name)
+        return []
+
+
+def _leases_in(dir_fd: int) -> Iterator[tuple[str, IPAddress, bytes]]:
+    """(name, address, stripped content) of each lease: a regular file named as an
+    address, of at most MAX_FILE bytes; others are not opened, unreadable ones skipped."""
+    for name in _names(dir_fd, dirs=False):
+        ip = parse_ip(name)
+        if ip is None:
+            continue
         try:
-            if stat.S_ISDIR(os.lstat(path).st_mode):
-                yield from _walk(path)
-                continue
-            with open(path, "rb") as f:
-                data = f.read().strip()
+            data = read_regular(name, MAX_FILE, dir_fd)
         except OSError:
             continue
-        yield path, data
-
-
-def _overwrite(path: str, data: bytes) -> None:
-    """Make the file hold `data`, rewriting it in place: O_TRUNC would free and reallocate
-    its block, which costs ~0.1 ms on ext4. Readers hold the store's lock."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)  # as open("wb")
-    try:
-        os.pwrite(fd, data, 0)
-        os.ftruncate(fd, len(data))
-    finally:
-        os.close(fd)
+        yield name, ip, data.strip()
 
 
 def _key(cid: str, ifname: str) -> bytes:
     return (cid.strip() + LINE_BREAK + ifname).encode()
-
-
-def _unlink(path: str) -> bool:
-    try:
-        os.unlink(path)
-    except OSError:
-        return False
-    return True

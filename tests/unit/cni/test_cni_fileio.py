@@ -1,4 +1,5 @@
-"""write_atomic: exact mode, whole replacement, nothing left behind."""
+"""write_atomic: exact mode, whole replacement, nothing left behind; file names against
+the filesystem's limit; regular files opened and read without following anything else."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from cni.fileio import make_durable, start_sync, start_write, write_atomic
+from cni.fileio import (
+    make_durable,
+    name_problem,
+    open_regular,
+    read_regular,
+    start_sync,
+    start_write,
+    write_atomic,
+)
 
 
 def test_writes_with_the_exact_mode_whatever_the_umask(tmp_path: Path) -> None:
@@ -84,3 +93,47 @@ def test_a_sync_after_background_writes_waits_for_them_and_raises_their_error(
     failed = start_write(tmp_path / "missing-dir" / "f", b"x")
     with pytest.raises(FileNotFoundError):
         start_sync([tmp_path / "missing-dir" / "f"], after=[failed]).wait()
+
+
+def test_a_name_as_long_as_the_filesystem_allows_is_written(tmp_path: Path) -> None:
+    """The temporary name starts with the target's first bytes only: it fits wherever the
+    target's name does."""
+    name = "é" * 127 + "x"  # 255 bytes
+    assert name_problem(name) is None
+    write_atomic(tmp_path / name, b"data")
+    assert os.listdir(tmp_path) == [name]
+
+
+def test_name_problem_counts_bytes() -> None:
+    assert name_problem("a" * 255) is None
+    assert name_problem("é" * 128) == "256 bytes, more than the 255 a file name may have"
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_open_regular_never_opens_or_follows_anything_else(tmp_path: Path, kind: str) -> None:
+    target = tmp_path / "target"
+    target.write_bytes(b"secret")
+    path = tmp_path / "f"
+    if kind == "symlink":
+        path.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(path)  # opening it for reading would wait for a writer
+    else:
+        path.mkdir()
+    for flags in (os.O_RDONLY, os.O_WRONLY | os.O_CREAT):
+        with pytest.raises(OSError, match="not a regular file"):
+            open_regular(str(path), flags)
+    assert target.read_bytes() == b"secret"
+
+
+def test_read_regular_reads_up_to_its_limit(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"x" * 10)
+    directory = os.open(tmp_path, os.O_RDONLY)
+    try:
+        assert read_regular("f", 10, directory) == b"x" * 10
+    finally:
+        os.close(directory)
+    with pytest.raises(OSError, match="holds more than 9 bytes"):
+        read_regular(str(tmp_path / "f"), 9)
+    with pytest.raises(FileNotFoundError):
+        read_regular(str(tmp_path / "missing"), 9)
