@@ -6,7 +6,9 @@ Registration is either `kubelet` (legacy: sockets in the device-plugins dir and
 socket or a new kubelet.sock means serve again and re-register) or `watcher` (sockets
 in the plugins_registry dir, found by the kubelet's plugin watcher). Resources the DRA
 kubelet plugin serves (deviceplugin/dra) get no device plugin server: their pools go to
-it instead, so no VF can be handed out both ways.
+it instead, so no VF can be handed out both ways. `set_config` swaps the resource list
+while serving (SR-IOV provisioning feeds it from policies): new resources get a server and
+register, dropped ones stop, the rest keep their streams and only see their pools change.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -25,7 +28,7 @@ from deviceplugin.monitor import ChangeMonitor
 from deviceplugin.registration import RegistrationError, register
 from deviceplugin.selectors import build_pools, healthy
 from deviceplugin.server import HostPaths, ResourceServer
-from deviceplugin.sysfs import default_route_ifaces, discover
+from deviceplugin.sysfs import PciNetDevice, default_route_ifaces, discover
 
 DEVICE_PLUGINS_DIR = "/var/lib/kubelet/device-plugins"
 PLUGINS_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
@@ -67,19 +70,57 @@ class DevicePluginRunner:
         self.config = config
         self.options = options
         self.dra = dra
-        self.dra_resources = [
-            r.full_name for r in config.resource_list if dra and dra.options.serves(r.full_name)
-        ]
-        sock_dir = options.plugins_dir if options.mode == "kubelet" else options.registry_dir
-        self.servers = [
-            ResourceServer(res, sock_dir / socket_name(res.full_name), options.paths)
-            for res in config.resource_list
-            if res.full_name not in self.dra_resources
-        ]
+        self.dra_resources: list[str] = []
+        self.servers: list[ResourceServer] = []
+        self.on_scan: list[Callable[[list[PciNetDevice]], None]] = []  # after each scan
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._kubelet_inode: int | None = None
-        self._unregistered = {s.name for s in self.servers}
+        self._unregistered: set[str] = set()
+        self._serving = False
+        self._lock = threading.Lock()
+        self._pending: DevicePluginConfig | None = None
+        self._configure(config)
+
+    def set_config(self, config: DevicePluginConfig) -> None:
+        """Serve `config`'s resources from the next scan on (safe from any thread)."""
+        with self._lock:
+            self._pending = config
+        self._wake.set()
+
+    def _configure(self, config: DevicePluginConfig) -> None:
+        """Match the servers to `config` (on the thread that runs them)."""
+        self.config = config
+        dra = self.dra
+        self.dra_resources = [
+            r.full_name for r in config.resource_list if dra and dra.options.serves(r.full_name)
+        ]
+        wanted = {
+            r.full_name: r for r in config.resource_list if r.full_name not in self.dra_resources
+        }
+        kept = []
+        for server in self.servers:
+            if server.name in wanted:
+                server.resource = wanted.pop(server.name)
+                kept.append(server)
+            else:
+                server.close()
+                self._unregistered.discard(server.name)
+        opts = self.options
+        sock_dir = opts.plugins_dir if opts.mode == "kubelet" else opts.registry_dir
+        for name, res in wanted.items():
+            server = ResourceServer(res, sock_dir / socket_name(name), opts.paths)
+            if self._serving:
+                server.start(serve_registration=opts.mode == "watcher")
+            kept.append(server)
+            self._unregistered.add(name)
+        self.servers = kept
+
+    def _take_pending(self) -> None:
+        with self._lock:
+            config, self._pending = self._pending, None
+        if config is not None:
+            self._configure(config)
 
     def scan(self) -> None:
         """Re-read sysfs and push every resource's pool and health to its server."""
@@ -92,6 +133,8 @@ class DevicePluginRunner:
             server.update(pool, {a: health[a] for a in pool})
         if self.dra is not None:
             self.dra.update({r: pools[r] for r in self.dra_resources}, health)
+        for listener in self.on_scan:
+            listener(devices)
 
     def wake(self) -> None:
         """Rescan soon (the monitor calls this on kernel events)."""
@@ -105,11 +148,13 @@ class DevicePluginRunner:
     def run(self) -> None:
         """Serve, register and follow changes until `stop`; then stop the servers."""
         started = time.monotonic()
+        self._take_pending()
         self.scan()
         log.info("discovery took %.1f ms", (time.monotonic() - started) * 1000)
         watcher = self.options.mode == "watcher"
         monitor: ChangeMonitor | None = None
         try:
+            self._serving = True
             for server in self.servers:
                 server.start(serve_registration=watcher)
             if self.dra is not None:
@@ -126,6 +171,7 @@ class DevicePluginRunner:
                     self._wake.clear()
                 elif time.monotonic() - last_scan < self.options.resync_seconds:
                     continue
+                self._take_pending()
                 self.scan()
                 last_scan = time.monotonic()
         finally:

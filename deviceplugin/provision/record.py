@@ -10,13 +10,13 @@ directory comes from the agent's own options, never from a custom resource.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from cni import jsonio
 from cni.fileio import write_atomic
 from deviceplugin.provision.crs import PfConfig
 
@@ -31,6 +31,7 @@ class PfRecord(BaseModel):
     created_vfs: bool = Field(False, alias="createdVfs")  # Plexus wrote sriov_numvfs
     original_mtu: int | None = Field(None, alias="originalMtu")  # before Plexus raised it
     config: PfConfig
+    applied: bool = False  # the host matched `config` once: a later mismatch is drift
 
 
 class RecordError(ValueError):
@@ -60,7 +61,7 @@ class Records:
                 continue
             path = self.directory / name
             try:
-                record = PfRecord.model_validate(json.loads(path.read_bytes()))
+                record = PfRecord.model_validate(jsonio.loads(path.read_bytes(), str(path)))
             except (OSError, ValueError, ValidationError) as exc:
                 raise RecordError(f"SR-IOV record {path} is unreadable: {exc}") from None
             out[record.pci_address] = record

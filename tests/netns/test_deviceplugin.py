@@ -111,7 +111,7 @@ def test_link_down_turns_vfs_unhealthy_via_kernel_events(
 
 def test_bad_config_exits_2_with_the_field_named(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"resourceList": [{"resourceName": "a-b", "selectors": {}}]}))
+    config.write_text(json.dumps({"resourceList": [{"resourceName": "-ab", "selectors": {}}]}))
     proc = subprocess.run(
         [str(PLEXUS), "deviceplugin", "--config", str(config)], capture_output=True, text=True
     )

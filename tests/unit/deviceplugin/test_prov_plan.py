@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from deviceplugin.config import DevicePluginConfig
 from deviceplugin.provision.crs import PfConfig, VfGroup
+from deviceplugin.provision.holders import Holder
 from deviceplugin.provision.merge import merge
 from deviceplugin.provision.plan import plan
 from deviceplugin.provision.pools import resources
@@ -117,9 +118,9 @@ def test_removal_resets_only_what_the_record_says_plexus_made() -> None:
     assert plan([], [parent, *vfs], {}).pfs == []  # no record: not Plexus's to reset
 
 
-def test_pools_hold_exactly_each_groups_vfs() -> None:
+def test_pools_hold_exactly_each_groups_configured_vfs() -> None:
     parent = pf(PCI, "ens1f0", numvfs=6)
-    vfs = [vf(parent, i) for i in range(6)]
+    vfs = [vf(parent, i) for i in range(5)] + [vf(parent, 5, driver="vfio-pci")]
     desired = merge(
         [
             policy("a-net", nicSelector={"pfNames": ["ens1f0#0-1"]}, numVfs=6, linkType="eth"),
@@ -134,19 +135,38 @@ def test_pools_hold_exactly_each_groups_vfs() -> None:
         ],
         [parent],
     )
-    made = resources(desired)
+    made = resources(desired, [parent, *vfs])
     assert [r.full_name for r in made] == ["openshift.io/a_net", "openshift.io/b_dpdk"]
-    assert made[0].selectors[0].root_devices == [f"{PCI}#0-1"]
+    assert made[0].selectors[0].pci_addresses == [vfs[0].address, vfs[1].address]
     assert made[0].selectors[0].link_types == ["ether"]
+    # VF 4 still has igbvf: not offered as a vfio-pci VF until it is rebound.
+    assert made[1].selectors[0].pci_addresses == [vfs[5].address]
     assert made[1].selectors[0].link_types == []  # a vfio-pci VF has no netdev to read it
     assert made[1].selectors[0].need_vhost_net
     pools = build_pools(DevicePluginConfig(resource_list=made), [parent, *vfs])
     assert [d.vf_index for d in pools["openshift.io/a_net"]] == [0, 1]
-    assert [d.vf_index for d in pools["openshift.io/b_dpdk"]] == [4, 5]
+    assert [d.vf_index for d in pools["openshift.io/b_dpdk"]] == [5]
+
+
+def test_a_vf_held_under_another_resource_waits_to_join_its_new_pool() -> None:
+    parent = pf(PCI, "ens1f0", numvfs=2)
+    vfs = [vf(parent, i) for i in range(2)]
+    held = {
+        vfs[0].address: {Holder("openshift.io/old", "ns", "p")},
+        vfs[1].address: {Holder("openshift.io/new", "ns", "q")},
+    }
+    (made,) = resources([pf_config({"new": "netdevice@0-1"}, num_vfs=2)], [parent, *vfs], held)
+    assert made.selectors[0].pci_addresses == [vfs[1].address]
+    assert resources([pf_config({"x": "vfio-pci@0-1"}, num_vfs=2)], [parent, *vfs]) == []
 
 
 def test_a_resource_name_with_dashes_is_a_valid_pool() -> None:
-    (made,) = resources([pf_config({"net-device-1": "netdevice@0-3"})], prefix="example.com")
+    parent = pf(PCI, "ens1f0", numvfs=1)
+    (made,) = resources(
+        [pf_config({"net-device-1": "netdevice@0-0"}, num_vfs=1)],
+        [parent, vf(parent, 0)],
+        prefix="example.com",
+    )
     assert made.full_name == "example.com/net-device-1"
 
 
