@@ -40,6 +40,11 @@ class CallScope:
         self._running: set[subprocess.Popen[bytes]] = set()
         self._exec_watchers: list[threading.Event] = []
 
+    def on_host(self, path: str) -> str:
+        """`path`, absolute as a config names it on the host (an in-process plugin's
+        dataDir, resolvConf), as this process sees it: under `root`."""
+        return self.root + path
+
     def cancel(self, reason: str) -> None:
         with self._lock:
             self.cancelled = reason

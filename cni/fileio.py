@@ -80,7 +80,8 @@ def write_atomic(path: str | Path, data: bytes, mode: int = 0o600, fsync: bool =
         f".{start.decode(errors='ignore')}.{os.getpid()}.{threading.get_ident()}.tmp"
     )
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(partial, flags, mode)  # never through a symlink left at that name
         try:
             if os.fstat(fd).st_mode & 0o7777 != mode:
                 os.fchmod(fd, mode)  # exactly `mode`, whatever the umask (a no-op fchmod

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from cni import skel
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
+from cni.fileio import name_problem
 from cni.result import DNS, Interface, Result
 from delegates import ipconfig
 from delegates.link import describe, fail, find_link, netlink, netns_fd, set_link, temp_name
@@ -198,6 +199,12 @@ class SriovPlugin:
     def add(self, args: CmdArgs) -> Result:
         conf = load_conf(args.stdin)
         key = f"{args.container_id}-{args.ifname}"
+        if problem := name_problem(f"{key}.json"):
+            raise CNIError(
+                ErrorCode.INVALID_ENV,
+                f"CNI_CONTAINERID {args.container_id!r} is too long to name the saved state "
+                f"of its attachment ({key}.json: {problem})",
+            )
         with vf_lock(conf.data_dir, conf.device_id) as lock:
             owner = lock.owner()
             if owner and owner != key and cache_path(conf.data_dir, owner).exists():

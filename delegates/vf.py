@@ -19,8 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cni import jsonio
-from cni.fileio import write_atomic
+from cni import callscope, jsonio
+from cni.errors import CNIError, ErrorCode
+from cni.fileio import open_regular, read_regular, write_atomic
 from delegates.link import (
     IFINFO,
     delete_altname,
@@ -202,6 +203,9 @@ def rename(ipr: Rtnl, index: int, name: str) -> None:
 
 # -- the per-VF lock and the saved state -------------------------------------------------
 
+MAX_STATE = 65536
+"""Bytes of saved state read at most (a VF's record is well under 1 KiB)."""
+
 
 class VfLock:
     """An exclusive flock on <dataDir>/<pci>.lock; the file names the attachment using it."""
@@ -224,14 +228,20 @@ class VfLock:
 
 @contextlib.contextmanager
 def vf_lock(data_dir: str, pci: str) -> Iterator[VfLock]:
-    """Hold the VF's lock; a waiter whose file was removed meanwhile takes a fresh one."""
-    path = Path(data_dir) / f"{pci}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Hold the VF's lock; a waiter whose file was removed meanwhile takes a fresh one.
+    `data_dir` is under the call's root (chrootDir); the file is a regular one, never
+    opened through a symlink."""
+    path = Path(callscope.current().on_host(data_dir)) / f"{pci}.lock"
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = open_regular(str(path), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            msg = f"cannot open the VF lock {path}"
+            raise CNIError(ErrorCode.IO_FAILURE, msg, str(exc)) from None
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
                 break
         except FileNotFoundError:
             pass
@@ -243,8 +253,8 @@ def vf_lock(data_dir: str, pci: str) -> Iterator[VfLock]:
 
 
 def cache_path(data_dir: str, key: str) -> Path:
-    """The saved state of attachment `key` (containerID-ifname)."""
-    return Path(data_dir) / f"{key}.json"
+    """The saved state of attachment `key` (containerID-ifname), under the call's root."""
+    return Path(callscope.current().on_host(data_dir)) / f"{key}.json"
 
 
 def write_cache(path: Path, record: dict[str, Any]) -> None:
@@ -252,11 +262,13 @@ def write_cache(path: Path, record: dict[str, Any]) -> None:
 
 
 def read_cache(path: Path) -> dict[str, Any] | None:
+    """The saved state at `path`: a regular file of at most MAX_STATE bytes, not read
+    through a symlink; None if there is none or it is unusable (logged)."""
     try:
-        record = jsonio.loads(path.read_bytes(), f"sriov state {path}")
+        record = jsonio.loads(read_regular(str(path), MAX_STATE), f"sriov state {path}")
     except FileNotFoundError:
         return None
-    except ValueError:
-        log.warning("ignoring unreadable sriov state %s", path)
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring unreadable sriov state %s: %s", path, exc)
         return None
     return record if isinstance(record, dict) else None

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import Field
 
+from cni import callscope
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
 from cni.fileio import read_regular
@@ -49,7 +50,7 @@ from delegates.ipam.ranges import (
     set_string,
     sets_overlap,
 )
-from delegates.ipam.store import Store, on_host, open_store
+from delegates.ipam.store import Store, open_store
 
 MAX_RESOLV_CONF = 65536
 """Bytes a resolvConf file may hold (glibc reads a few KiB of one)."""
@@ -297,7 +298,9 @@ def parse_resolv_conf(path: str) -> DNS:
     Read under the call's root, as the data dir: a regular file of at most
     MAX_RESOLV_CONF bytes, not through a symlink."""
     try:
-        text = read_regular(on_host(path), MAX_RESOLV_CONF).decode(errors="replace")
+        text = read_regular(callscope.current().on_host(path), MAX_RESOLV_CONF).decode(
+            errors="replace"
+        )
     except OSError as err:
         reason = err.strerror or str(err)  # Go spells it in lower case
         raise CNIError(

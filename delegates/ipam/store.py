@@ -42,13 +42,6 @@ def _io_error(what: str, err: OSError) -> CNIError:
     return CNIError(ErrorCode.IO_FAILURE, f"host-local: cannot {what}", str(err))
 
 
-def on_host(path: str) -> str:
-    """A path a config names (dataDir, resolvConf) as this call sees it: under the host's
-    / (the call scope's root, a daemon's chrootDir), where the exec'd host-local of other
-    plugins finds it too."""
-    return callscope.current().root + path
-
-
 def network_dir_problem(network: str) -> str | None:
     """Why `network` cannot name a directory of its own in a data dir, or None."""
     if not network or network in (".", "..") or "/" in network or "\0" in network:
@@ -63,7 +56,7 @@ def open_store(network: str, data_dir: str = "") -> Iterator[Store]:
     """Create the network dir if needed and hold its lock while the block runs."""
     if problem := network_dir_problem(network):
         raise CNIError(ErrorCode.INVALID_CONFIG, f"host-local: {problem}")
-    parent = on_host(data_dir or DEFAULT_DATA_DIR)
+    parent = callscope.current().on_host(data_dir or DEFAULT_DATA_DIR)
     directory = os.path.join(parent, network)
     try:
         os.makedirs(parent, 0o755, exist_ok=True)
@@ -178,7 +171,8 @@ def leases(data_dir: str = "") -> list[tuple[str, str, str, str]]:
     locks: a view for reports, not for decisions."""
     try:
         root = os.open(
-            on_host(data_dir or DEFAULT_DATA_DIR), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+            callscope.current().on_host(data_dir or DEFAULT_DATA_DIR),
+            os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
         )
     except OSError:
         return []

@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
+from cni import callscope
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
 from cni.skel import dispatch
 from delegates.builtin import BuiltinExecutor
 from delegates.link import PLUGIN_ERROR
 from delegates.sriov import SriovPlugin, load_conf
-from delegates.vf import ETH_P_8021AD, ETH_P_8021Q, vf_lock
+from delegates.vf import ETH_P_8021AD, ETH_P_8021Q, MAX_STATE, cache_path, vf_lock, write_cache
 from meta.install import BINARIES
 
 PCI = "0000:01:10.0"
+T = TypeVar("T")
 
 
 def _conf(**extra: Any) -> dict[str, Any]:
@@ -164,3 +169,94 @@ def test_standalone_binary_answers_version() -> None:
         [sys.executable, "-c", code], input=b"{}", env=env, capture_output=True, check=True
     )
     assert "1.1.0" in json.loads(proc.stdout)["supportedVersions"]
+
+
+def _rooted(root: str, fn: Callable[[], T]) -> T:
+    """fn() in a call whose root (chrootDir) is `root`, within 10 s (a read of a FIFO
+    would block for good; the thread is then left behind)."""
+    out: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        with callscope.call_scope() as scope:
+            scope.root = root
+            try:
+                out.append((True, fn()))
+            except BaseException as exc:  # handed to the test
+                out.append((False, exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert out, "still blocked after 10 s"
+    ok, value = out[0]
+    if not ok:
+        raise value
+    result: T = value
+    return result
+
+
+def test_locks_and_state_live_under_the_calls_root(tmp_path: Path) -> None:
+    """As host-local's leases: dataDir names a path on the host, seen under chrootDir."""
+    host, data = tmp_path / "host", f"/plexus-unit-{tmp_path.name}"
+    try:
+        with pytest.raises(CNIError, match="already in use by attachment other-net1"):
+            _rooted(str(host), lambda: _add_held_by_other(tmp_path / "sys", data))
+        assert sorted(p.name for p in Path(f"{host}{data}").iterdir()) == [
+            f"{PCI}.lock",
+            "other-net1.json",
+        ]
+        assert not Path(data).exists()
+    finally:
+        shutil.rmtree(data, ignore_errors=True)  # where it went when the root was ignored
+
+
+def _add_held_by_other(sysfs: Path, data: str) -> bytes:
+    with vf_lock(data, PCI) as lock:
+        lock.set_owner("other-net1")
+    write_cache(cache_path(data, "other-net1"), {})
+    return dispatch(SriovPlugin(str(sysfs)), _args(_conf(dataDir=data)))
+
+
+def test_a_lock_file_that_is_a_symlink_is_not_followed(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "d" / f"{PCI}.lock").symlink_to(victim)
+    with pytest.raises(CNIError) as info:
+        dispatch(SriovPlugin(str(tmp_path)), _args(_conf(dataDir=str(tmp_path / "d"))))
+    assert (info.value.code, info.value.msg) == (
+        ErrorCode.IO_FAILURE,
+        f"cannot open the VF lock {tmp_path}/d/{PCI}.lock",
+    )
+    assert "not a regular file" in info.value.details
+    assert victim.read_text() == "precious"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "big"])
+def test_saved_state_that_is_not_a_small_regular_file_is_ignored(tmp_path: Path, kind: str) -> None:
+    """DEL reads the attachment's saved state: a FIFO there would block it, a symlink
+    would have it read (and then remove) something else's."""
+    (tmp_path / "d").mkdir()
+    state = tmp_path / "d" / "cid-net1.json"
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps({"pci": PCI, "netns": "/nonexistent"}))
+    if kind == "fifo":
+        os.mkfifo(state)
+    elif kind == "symlink":
+        state.symlink_to(elsewhere)
+    else:
+        state.write_text(json.dumps({"pci": PCI, "pad": "x" * MAX_STATE}))
+    conf = _conf(dataDir=str(tmp_path / "d"))
+    plugin = SriovPlugin(str(tmp_path))
+    assert _rooted("", lambda: dispatch(plugin, _args(conf, "DEL"))) == b""
+    assert state.is_symlink() or state.exists()
+    assert not (tmp_path / "d" / f"{PCI}.lock").exists()  # it did not act on any of it
+
+
+def test_a_container_id_too_long_to_name_the_state_is_refused_first(tmp_path: Path) -> None:
+    cid = "c" * 250  # "<cid>-net1.json" is 260 bytes
+    with pytest.raises(CNIError) as info:
+        dispatch(SriovPlugin(str(tmp_path)), _args(_conf(dataDir=str(tmp_path / "d")), cid=cid))
+    assert info.value.code == ErrorCode.INVALID_ENV
+    assert info.value.msg.startswith(f"CNI_CONTAINERID {cid!r} is too long to name the saved")
+    assert not (tmp_path / "d").exists()
