@@ -193,7 +193,7 @@ def link_index(name: str) -> int | None:
 
     For callers that need only the index: one SIOCGIFINDEX ioctl, which finds a link by
     its name or an altname as RTM_GETLINK by IFLA_IFNAME does, with nothing to encode or
-    decode (docs/performance.md, "Netlink on pyroute2")."""
+    decode (docs/architecture.md, "Netlink on pyroute2's message classes")."""
     try:
         return socket.if_nametoindex(name)
     except (OSError, ValueError):  # no such link; a name with a NUL byte cannot be one

@@ -8,10 +8,10 @@ exists deletes it and releases IPAM, so nothing is left behind. One netlink sock
 opened where the master lives and one inside the pod.
 
 CHECK and DEL follow the reference plugins (1.1.1); their messages are kept, and every
-plugin error of our own has the reference's code 999. Deliberately (README, "Deliberate
-differences"): DEL never looks at the master, so it succeeds once the master is gone; a
-missing netns is code 3; in-process IPAM errors carry spec codes; a name already taken
-in the pod fails at the create, not at a rename.
+plugin error of our own has the reference's code 999. Deliberately (the differences
+docs/migrating-from-multus.md lists): DEL never looks at the master, so it succeeds once
+the master is gone; a missing netns is code 3; in-process IPAM errors carry spec codes; a
+name already taken in the pod fails at the create, not at a rename.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ class MetaConfig(BaseModel):
     daemon_wait: float = Field(10.0, alias="daemonWaitSeconds", ge=0, le=600)
     kubeconfig: str = ""
     # An ADD waits this long for its network-status write; the daemon then leaves it to
-    # its background queue, thin mode fails with code 11 (README: The node daemon).
+    # its background queue, thin mode fails with code 11 (docs/configuration.md).
     api_write_timeout: float = Field(DEFAULT_WRITE_TIMEOUT, alias="apiWriteTimeout", gt=0, le=60)
     cluster_dir: str = Field("", alias="clusterDir")
     device_info_dir: str = Field(deviceinfo.DEFAULT_DIR, alias="deviceInfoDir")

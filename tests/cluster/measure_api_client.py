@@ -1,4 +1,5 @@
-"""The kubernetes package's ApiClient and urllib3 against Plexus's own client (README numbers).
+"""The kubernetes package's ApiClient and urllib3 against Plexus's own client
+(docs/architecture.md).
 
     .venv/bin/python -m tests.cluster.measure_api_client [rounds]
 

@@ -9,7 +9,8 @@ random MACs and namespace paths, and so must the kernel state in the pod: link k
 macvlan mode, broadcast queue length, MTU, flags, addresses, routes and the
 arp_notify/arp_filter/ndisc_notify sysctls, and disable_ipv6 of every pod interface.
 
-Known, deliberate differences from 1.1.1 (asserted as such below; README lists them):
+Known, deliberate differences from 1.1.1 (asserted as such below; docs/migrating-from-multus.md
+lists them):
 - ndisc_notify: we set it to 1 when an IPv6 address goes on (as later reference versions
   do); 1.1.1 leaves it 0.
 - a route without `gw` in the result: CHECK accepts the route ADD installed through the
