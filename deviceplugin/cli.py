@@ -10,9 +10,11 @@ from pathlib import Path
 
 from cni import logs
 from cni.errors import CNIError
-from deviceplugin.config import ConfigError, load_config
+from deviceplugin.config import ConfigError, DevicePluginConfig, load_config
 from deviceplugin.dra.plugin import DraOptions, DraPlugin
 from deviceplugin.plugin import DevicePluginRunner, PluginOptions
+from deviceplugin.provision.holders import KubeletDevices
+from deviceplugin.provision.record import RecordError
 from deviceplugin.selectors import pools_report
 from deviceplugin.server import HostPaths, ServeError
 from deviceplugin.sysfs import DEFAULT_SYSFS, default_route_ifaces, discover
@@ -30,10 +32,15 @@ def list_pools(config_file: str, sysfs_root: str = DEFAULT_SYSFS) -> int:
     return 0
 
 
-def serve(args: argparse.Namespace) -> int:
-    """Run the device plugin until SIGTERM/SIGINT; config errors exit 2."""
+def serve(args: argparse.Namespace, kubelet_devices: KubeletDevices | None = None) -> int:
+    """Run the device plugin (and with --provision the SR-IOV agent feeding it) until
+    SIGTERM/SIGINT; config errors exit 2. `kubelet_devices` lists the kubelet's allocations."""
+    provision = bool(getattr(args, "provision", False))
+    if provision and not args.node_name:
+        print("plexus deviceplugin: --provision needs --node-name (or NODE_NAME)", file=sys.stderr)
+        return 2
     try:
-        config = load_config(args.config)
+        config = load_config(args.config) if args.config else DevicePluginConfig(resource_list=[])
     except ConfigError as exc:
         print(f"plexus deviceplugin: {exc}", file=sys.stderr)
         return 2
@@ -69,6 +76,17 @@ def serve(args: argparse.Namespace) -> int:
             print(f"plexus deviceplugin: {exc}", file=sys.stderr)
             return 2
     runner = DevicePluginRunner(config, options, dra)
+    agent = None
+    if provision:
+        from deviceplugin.provision.service import provisioning_agent
+
+        agent = provisioning_agent(args, runner, config, kubelet_devices)
+        try:
+            agent.boot()  # the recorded VFs exist before anything is served
+        except (RecordError, OSError) as exc:
+            print(f"plexus deviceplugin: {exc}", file=sys.stderr)
+            return 2
+        agent.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: runner.stop())
     try:
@@ -76,4 +94,7 @@ def serve(args: argparse.Namespace) -> int:
     except ServeError as exc:
         print(f"plexus deviceplugin: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if agent is not None:
+            agent.stop()
     return 0

@@ -96,6 +96,19 @@ def _parser() -> argparse.ArgumentParser:
     dra.add_argument("--kubelet-plugins-dir", default="/var/lib/kubelet/plugins")
     dra.add_argument("--cdi-dir", default="/var/run/cdi")
     dra.add_argument("--dra-state-dir", default="/var/lib/plexus/dra")
+    prov = dp.add_argument_group("SR-IOV provisioning (the sriov-network-operator's policies)")
+    prov.add_argument(
+        "--provision",
+        action="store_true",
+        help="create VFs, bind drivers and set MTUs from SriovNetworkNodePolicies, serve their "
+        "pools, write this node's SriovNetworkNodeState (needs --node-name); --config optional",
+    )
+    prov.add_argument("--provision-namespace", default="sriov-network-operator")
+    prov.add_argument("--resource-prefix", default="openshift.io")
+    prov.add_argument("--provision-state-dir", default="/var/lib/plexus/sriov")
+    prov.add_argument(
+        "--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock"
+    )
     dp_sub = dp.add_subparsers(dest="dp_command")
     dp_list = dp_sub.add_parser("list", help="print the resource pools the config selects")
     dp_list.add_argument("--config", "--config-file", dest="config", default=argparse.SUPPRESS)
@@ -120,13 +133,18 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "inspect":
         sys.exit(inspect_node(args.config, args.json))
     elif args.command == "deviceplugin":
-        if not args.config:
+        if not args.config and not (args.provision and args.dp_command != "list"):
             sys.exit("plexus deviceplugin: --config is required")
         from deviceplugin import cli as dp_cli
 
         if args.dp_command == "list":
             sys.exit(dp_cli.list_pools(args.config, args.sysfs_root))
-        sys.exit(dp_cli.serve(args))
+        kubelet = None
+        if args.provision:
+            from meta.podresources.client import PodResourcesClient
+
+            kubelet = PodResourcesClient(args.pod_resources_socket).allocations
+        sys.exit(dp_cli.serve(args, kubelet))
 
 
 def install_files(args: argparse.Namespace) -> int:

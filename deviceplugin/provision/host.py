@@ -138,6 +138,13 @@ class Host:
         self._write(flags, hex(value | IFF_UP), f"setting {netdev} up")
 
     def _net(self, pci: str, netdev: str) -> Path:
+        """The netdev's sysfs dir; under its new name if udev renamed it meanwhile."""
         if not netdev or os.sep in netdev or netdev in (".", ".."):
             raise HostError(f"{pci}: no netdev to configure")
-        return self.device(pci) / "net" / netdev
+        net = self.device(pci) / "net"
+        if not (net / netdev).exists():
+            names = os.listdir(net) if net.is_dir() else []
+            if len(names) != 1:
+                raise HostError(f"{pci}: netdev {netdev} is gone")
+            netdev = names[0]
+        return net / netdev

@@ -28,6 +28,13 @@ def pod_devices(
     text: str | bytes, uid: str, origin: str = DEFAULT_CHECKPOINT
 ) -> dict[str, set[str]]:
     """Resource name -> device IDs allocated to any container of the pod with this UID."""
+    return all_pod_devices(text, origin).get(uid, {})
+
+
+def all_pod_devices(
+    text: str | bytes, origin: str = DEFAULT_CHECKPOINT
+) -> dict[str, dict[str, set[str]]]:
+    """Pod UID -> resource name -> device IDs, for every pod the checkpoint holds."""
     try:
         data = jsonio.loads(text, origin)
         entries = data["Data"]["PodDeviceEntries"] or []
@@ -35,10 +42,11 @@ def pod_devices(
         raise CNIError(
             ErrorCode.DECODE_FAILURE, f"{origin}: not a device manager checkpoint", str(exc)
         ) from exc
-    found: dict[str, set[str]] = {}
+    found: dict[str, dict[str, set[str]]] = {}
     for entry in entries:
-        if not isinstance(entry, dict) or entry.get("PodUID") != uid:
+        if not isinstance(entry, dict) or not entry.get("PodUID"):
             continue
+        pod = found.setdefault(str(entry["PodUID"]), {})
         resource = str(entry.get("ResourceName", ""))
-        found.setdefault(resource, set()).update(_ids(entry.get("DeviceIDs")))
+        pod.setdefault(resource, set()).update(_ids(entry.get("DeviceIDs")))
     return found

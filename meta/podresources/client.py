@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cni.errors import CNIError, ErrorCode
+from deviceplugin.provision.holders import KubeletAllocation
 from meta.podresources import checkpoint
 from meta.podresources.checkpoint import DEFAULT_CHECKPOINT
+
+if TYPE_CHECKING:
+    from meta.podresources import api_pb2
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST_METHOD = "/v1.PodResourcesLister/List"
@@ -70,8 +75,48 @@ class PodResourcesClient:
             )
         return checkpoint.pod_devices(text, uid, self.checkpoint_path)
 
+    def allocations(self) -> list[KubeletAllocation]:
+        """Every pod's devices, for SR-IOV provisioning: PodResources `List` (pods by name);
+        while its socket is absent the checkpoint (pods by UID); neither: no kubelet has
+        allocated anything here. Raises CNIError when the socket is there but fails."""
+        if os.path.exists(self.socket_path):
+            try:
+                listed = self._list()
+            except _Unavailable as exc:
+                raise CNIError(ErrorCode.IO_FAILURE, f"PodResources List: {exc}") from exc
+            return [
+                KubeletAllocation(
+                    entry.namespace, entry.name, "", d.resource_name, tuple(d.device_ids)
+                )
+                for entry in listed.pod_resources
+                for container in entry.containers
+                for d in container.devices
+            ]
+        try:
+            text = Path(self.checkpoint_path).read_bytes()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise CNIError(ErrorCode.IO_FAILURE, f"{self.checkpoint_path}: {exc.strerror}") from exc
+        return [
+            KubeletAllocation("", "", uid, resource, tuple(sorted(ids)))
+            for uid, resources in checkpoint.all_pod_devices(text, self.checkpoint_path).items()
+            for resource, ids in resources.items()
+        ]
+
     def list_pod_devices(self, namespace: str, pod: str) -> dict[str, set[str]]:
         """PodResources `List`, reduced to one pod; raises _Unavailable if the call fails."""
+        found: dict[str, set[str]] = {}
+        for entry in self._list().pod_resources:
+            if entry.namespace != namespace or entry.name != pod:
+                continue
+            for container in entry.containers:
+                for devices in container.devices:
+                    found.setdefault(devices.resource_name, set()).update(devices.device_ids)
+        return found
+
+    def _list(self) -> api_pb2.ListPodResourcesResponse:
+        """The PodResources `List` answer; raises _Unavailable if the call fails."""
         if not os.path.exists(self.socket_path):
             raise _Unavailable(f"{self.socket_path} does not exist")
         try:
@@ -88,17 +133,9 @@ class PodResourcesClient:
                 response_deserializer=api_pb2.ListPodResourcesResponse.FromString,
             )
             try:
-                response = call(api_pb2.ListPodResourcesRequest(), timeout=self.timeout)
+                return call(api_pb2.ListPodResourcesRequest(), timeout=self.timeout)
             except grpc.RpcError as exc:
                 raise _Unavailable(_rpc_problem(exc)) from exc
-        found: dict[str, set[str]] = {}
-        for entry in response.pod_resources:
-            if entry.namespace != namespace or entry.name != pod:
-                continue
-            for container in entry.containers:
-                for devices in container.devices:
-                    found.setdefault(devices.resource_name, set()).update(devices.device_ids)
-        return found
 
 
 def _rpc_problem(exc: Exception) -> str:
