@@ -36,7 +36,7 @@ from typing import Any
 from delegates.netns import run_in_netns
 from tests.bench.bench_thick import Daemon, run_all
 from tests.bench.common import GO_TOOLS, Bench, baseline, one_add, sh
-from tests.cluster.apiserver import Cluster
+from tests.cluster.apiserver import Cluster, audit_events
 from tests.cluster.whereabouts import API, WhereaboutsBinary, install_crds
 
 NAMESPACE = "bench"
@@ -47,6 +47,8 @@ CONTENDERS = {"whereabouts exec'd": ["whereabouts"], "plexus in process": []}
 NODES = ("bench-node-a", "bench-node-b")
 QUIET = 0.3  # after each ADD + DEL: the daemon's Events go out before the next timed ADD
 SETTLE = 2.0
+IPAM_RESOURCES = ("ippools", "overlappingrangeipreservations", "leases")
+"""What the audit log's IPAM requests are about (whereabouts' Lease included)."""
 
 
 class Setup:
@@ -194,6 +196,7 @@ def burst(setup: Setup, name: str, pods: int) -> dict[str, float]:
         calls[node].append((cid, f"/run/netns/{setup.bench.pod()}", setup.pod(node)))
     time.sleep(SETTLE)
     failed = [0]
+    audited = len(audit_events(setup.cluster.audit_log, ""))
     start = time.perf_counter()
 
     def run(node: str) -> None:
@@ -205,6 +208,12 @@ def burst(setup: Setup, name: str, pods: int) -> dict[str, float]:
     for t in threads:
         t.join()
     took = time.perf_counter() - start
+    time.sleep(SETTLE)  # the audit log is written once a request is answered
+    requests = [
+        e
+        for e in audit_events(setup.cluster.audit_log, "")[audited:]
+        if e.get("objectRef", {}).get("resource") in IPAM_RESOURCES
+    ]
     used = setup.used()
     for node in NODES:
         run_all(setup.bench, "DEL", *setup.shim(name, node), calls[node])
@@ -214,6 +223,11 @@ def burst(setup: Setup, name: str, pods: int) -> dict[str, float]:
         "seconds": took,
         "failed": float(failed[0]),
         "twice": float(len(used) - len(set(used))),
+        "IPAM requests per pod": len(requests) / pods,
+        "conflicts per pod": sum(
+            e.get("responseStatus", {}).get("code") in (409, 422) for e in requests
+        )
+        / pods,
     }
 
 
@@ -234,14 +248,16 @@ def render(result: dict[str, Any]) -> str:
     spread = bursts["plexus in process"]["seconds"] / bursts["whereabouts exec'd"]["seconds"]
     lines = [
         "| IPAM of the macvlan | macvlan step (ms) | whole ADD (ms) | "
-        f"burst of {result['pods']} pods on 2 nodes (s) | failed | handed out twice |",
-        "|---|---|---|---|---|---|",
+        f"burst of {result['pods']} pods on 2 nodes (s) | failed | handed out twice "
+        "| IPAM requests per pod | of them conflicts (409/422) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, row in rows.items():
         b = bursts[name]
         lines.append(
             f"| {name} | {row['macvlan step (ms)']:.1f} | {row['whole ADD (ms)']:.1f} | "
-            f"{b['seconds']:.2f} | {b['failed']:g} | {b['twice']:g} |"
+            f"{b['seconds']:.2f} | {b['failed']:g} | {b['twice']:g} | "
+            f"{b['IPAM requests per pod']:.1f} | {b['conflicts per pod']:.2f} |"
         )
     lines += [
         "",

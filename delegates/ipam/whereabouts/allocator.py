@@ -23,14 +23,8 @@ from cni.errors import CNIError, ErrorCode
 from cni.result import IPConfig
 from delegates.ipam.common import CHECK_FAILED, IPAddress
 from delegates.ipam.whereabouts.config import WhereaboutsConfig
-from delegates.ipam.whereabouts.pools import (
-    NODE_LABEL,
-    POOL_ANNOTATION,
-    Allocation,
-    Pool,
-    PoolStore,
-    Taken,
-)
+from delegates.ipam.whereabouts.objects import Allocation, Pool, Taken
+from delegates.ipam.whereabouts.pools import NODE_LABEL, POOL_ANNOTATION, PoolStore
 from delegates.ipam.whereabouts.ranges import IPRange, RangeError, pool_name, reservation_name
 
 log = logging.getLogger("plexus.ipam")
@@ -38,6 +32,9 @@ log = logging.getLogger("plexus.ipam")
 T = TypeVar("T")
 
 ATTEMPTS = 100  # as whereabouts' DatastoreRetries
+SIDE_THREADS = 32
+"""Reservation creates in flight at once: one per concurrent ADD (the daemon serves 32 by
+default); fewer made a burst's reservations queue behind each other."""
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
@@ -61,7 +58,7 @@ class Allocator:
     def __init__(self, store: PoolStore, node: str) -> None:
         self.store = store
         self.node = node
-        self._side = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ipam")
+        self._side = ThreadPoolExecutor(max_workers=SIDE_THREADS, thread_name_prefix="ipam")
 
     def close(self) -> None:
         self._side.shutdown(wait=False)

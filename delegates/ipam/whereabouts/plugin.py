@@ -23,7 +23,8 @@ from cni.errors import CNIError, ErrorCode
 from cni.result import Result
 from delegates.ipam.whereabouts.allocator import Allocator
 from delegates.ipam.whereabouts.config import WhereaboutsConfig, load_config
-from delegates.ipam.whereabouts.pools import GROUP_VERSION, PoolStore
+from delegates.ipam.whereabouts.objects import GROUP_VERSION
+from delegates.ipam.whereabouts.pools import PoolStore
 from kube.api import KubeAPI
 
 DEFAULT_NAMESPACE = "kube-system"

@@ -22,104 +22,23 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
 from cni.errors import CNIError, ErrorCode
-from delegates.ipam.whereabouts.ranges import IPRange
+from delegates.ipam.whereabouts.batches import Batches, Busy, Change
+from delegates.ipam.whereabouts.objects import GROUP_VERSION, Allocation, Pool, Taken
 from kube.api import APIError, KubeAPI
 from kube.informer import Informer
 from kube.writes import retriable
 
 log = logging.getLogger("plexus.ipam")
 
-GROUP_VERSION = "whereabouts.cni.cncf.io/v1alpha1"
 NODE_LABEL = "ipam.plexus.io/node"
 """On the reservations Plexus makes: the node whose daemon made the allocation."""
 POOL_ANNOTATION = "ipam.plexus.io/pool"
 """On the reservations Plexus makes: the pool holding the allocation."""
 JSON_PATCH = "application/json-patch+json"
-
-
-class Taken(Exception):
-    """A conditional write found the pool or reservation changed: retry with fresh state."""
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """One `spec.allocations` entry."""
-
-    id: str
-    podref: str
-    ifname: str = ""
-
-    def body(self) -> dict[str, str]:
-        """The entry as whereabouts writes it (`ifname` omitted when empty)."""
-        out = {"id": self.id, "podref": self.podref}
-        if self.ifname:
-            out["ifname"] = self.ifname
-        return out
-
-    @classmethod
-    def read(cls, raw: Any) -> Allocation | None:
-        if not isinstance(raw, dict):
-            return None
-        return cls(str(raw.get("id", "")), str(raw.get("podref", "")), str(raw.get("ifname", "")))
-
-
-@dataclass(eq=False)
-class Pool:
-    """An IPPool as read, with lookups computed once per version."""
-
-    namespace: str
-    name: str
-    range: str
-    resource_version: str
-    allocations: dict[str, Any]
-    _by_owner: dict[tuple[str, str], str] | None = field(default=None, repr=False)
-    _used: dict[str, frozenset[int]] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def read(cls, obj: dict[str, Any]) -> Pool:
-        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-        allocations = spec.get("allocations")
-        return cls(
-            namespace=str(meta.get("namespace", "")),
-            name=str(meta.get("name", "")),
-            range=str(spec.get("range", "")),
-            resource_version=str(meta.get("resourceVersion", "")),
-            allocations=allocations if isinstance(allocations, dict) else {},
-        )
-
-    def find(self, container_id: str, ifname: str) -> str | None:
-        """The key of the container+interface's allocation, if it holds one."""
-        if self._by_owner is None:
-            owners: dict[tuple[str, str], str] = {}
-            for key, raw in self.allocations.items():
-                entry = Allocation.read(raw)
-                if entry is not None:
-                    owners.setdefault((entry.id, entry.ifname), key)
-            self._by_owner = owners
-        return self._by_owner.get((container_id, ifname))
-
-    def used(self, rng: IPRange) -> frozenset[int]:
-        """The addresses of `rng` this pool holds (keys whereabouts cannot read skipped)."""
-        used = self._used.get(rng.cidr)
-        if used is None:
-            values = (rng.from_offset(key) for key in self.allocations)
-            used = self._used[rng.cidr] = frozenset(v for v in values if v is not None)
-        return used
-
-    def entry(self, key: str) -> Allocation | None:
-        return Allocation.read(self.allocations.get(key))
-
-    def newer_than(self, other: Pool) -> bool:
-        return _version(self.resource_version) > _version(other.resource_version)
-
-
-def _version(rv: str) -> int:
-    return int(rv) if rv.isdigit() else -1
 
 
 class PoolStore:
@@ -133,6 +52,7 @@ class PoolStore:
         if watch:
             self.informer = Informer(api, f"{self.base}/ippools", {}, Pool.read)
         self._written: dict[str, Pool] = {}
+        self._batches = Batches(self._send, self.refresh)
         self._inflight: dict[str, set[int]] = {}
         self._lock = threading.Lock()
 
@@ -213,33 +133,32 @@ class PoolStore:
 
     def add(self, pool: Pool, key: str, entry: Allocation) -> Pool:
         """Write `entry` at `key` if the key is still free; Taken if it is not."""
-        path = f"/spec/allocations/{key}"
-        ops: list[dict[str, Any]] = [
-            {"op": "test", "path": path, "value": None},
-            {"op": "add", "path": path, "value": entry.body()},
-        ]
-        return self._patch(pool, ops)
+        return self._change(pool.name, Change(key, None, entry.body()))
 
     def remove(self, pool: Pool, key: str) -> Pool:
         """Drop the allocation at `key` if it is still the one `pool` holds; Taken if not."""
-        path = f"/spec/allocations/{key}"
-        ops = [
-            {"op": "test", "path": path, "value": pool.allocations[key]},
-            {"op": "remove", "path": path},
-        ]
-        return self._patch(pool, ops)
+        return self._change(pool.name, Change(key, pool.allocations[key], None))
 
-    def _patch(self, pool: Pool, ops: list[dict[str, Any]]) -> Pool:
+    def _change(self, name: str, change: Change) -> Pool:
         try:
-            obj = self._call(
-                "PATCH", f"{self.base}/ippools/{pool.name}", ops, JSON_PATCH, True, (422,)
-            )
+            return self._batches.write(name, change)
         except Taken:
-            self._forget(pool.name)
+            self._forget(name)
+            raise
+
+    def _send(self, name: str, ops: list[dict[str, Any]]) -> Pool | None:
+        """One patch of pool `name` (Batches' `send`)."""
+        path = f"{self.base}/ippools/{name}"
+        try:
+            obj = self._call("PATCH", path, ops, JSON_PATCH, True, (409, 422))
+        except Taken as exc:
+            cause = exc.__cause__
+            if isinstance(cause, APIError) and cause.status == 409:
+                raise Busy(str(cause)) from cause
             raise
         if obj is None:  # deleted since it was read
-            self._forget(pool.name)
-            raise Taken(pool.name)
+            self._forget(name)
+            return None
         return self._remember(Pool.read(obj))
 
     def _remember(self, pool: Pool) -> Pool:
