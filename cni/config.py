@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cni import jsonio
@@ -127,6 +129,65 @@ def _flag(conf: Mapping[str, Any], key: str) -> bool:
     if isinstance(value, str) and value in _BOOL_STRINGS:
         return _BOOL_STRINGS[value]
     raise CNIError(ErrorCode.INVALID_CONFIG, f"{key!r} must be true or false, got {value!r}")
+
+
+CHAINED_SUFFIX = ".conf"
+"""Plugin confs chained from `<dir>/<network name>/` end so (libcni 1.3)."""
+CONFLIST_SUFFIX = ".conflist"
+"""Only a conflist read from a file gets the plugins of its network's subdirectory:
+runtimes read `.conf` and `.json` files as single plugins (go-cni, Multus)."""
+
+
+def with_chained_plugins(conf: dict[str, Any], path: Path) -> dict[str, Any]:
+    """`conf`, read from the file at `path`, as libcni 1.3 loads it: a `.conflist` without
+    `loadOnlyInlinedPlugins` gets the plugins of its network's subdirectory appended (see
+    `chained_plugins`); any other file is returned as is.
+
+    CNIError(INVALID_CONFIG) for a bad name, `plugins` or `loadOnlyInlinedPlugins`, or a
+    chained file that is not a plugin conf.
+    """
+    if not path.name.endswith(CONFLIST_SUFFIX) or _flag(conf, "loadOnlyInlinedPlugins"):
+        return conf
+    chained = chained_plugins(path.parent, _name(conf))
+    if not chained:
+        return conf
+    inline = conf.get("plugins", [])  # libcni allows a conflist whose plugins are all chained
+    if not isinstance(inline, list):
+        raise CNIError(ErrorCode.INVALID_CONFIG, f"config file {path}: 'plugins' must be a list")
+    return {**conf, "plugins": [*inline, *chained]}
+
+
+def chained_plugins(conf_dir: Path, network: str) -> list[dict[str, Any]]:
+    """The plugins libcni 1.3 appends to a network loaded from a conflist in `conf_dir`
+    (containernetworking/cni#1052): every `*.conf` file in `<conf_dir>/<network>/`, in
+    file-name order, subdirectories skipped; none if that directory does not exist.
+
+    CNIError(INVALID_CONFIG) for a `network` that is not a network name (it becomes a
+    path), or naming a file that is not a plugin conf (libcni then fails the whole
+    network too).
+    """
+    _name({"name": network})
+    directory = conf_dir / network
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise CNIError(
+            ErrorCode.IO_FAILURE, f"cannot list chained plugins in {directory}", str(exc)
+        ) from exc
+    plugins = []
+    for name in names:
+        path = directory / name
+        if not name.endswith(CHAINED_SUFFIX) or path.is_dir():
+            continue
+        try:
+            plugin = jsonio.loads(path.read_bytes(), f"chained plugin {path}")
+        except OSError as exc:
+            raise CNIError(ErrorCode.IO_FAILURE, f"cannot read {path}", str(exc)) from exc
+        _check_plugin(plugin, f"chained plugin {path}")
+        plugins.append(plugin)
+    return plugins
 
 
 def plugin_stdin(

@@ -1,6 +1,8 @@
 """CNI config generation, as Multus does it: wrap the node's primary network.
 
-The primary is the first config (sorted) in the host's net.d that is not ours.
+The primary is the first config (sorted) in the host's net.d that is not ours, with the
+plugins libcni 1.3 chains onto it from `<net.d>/<its name>/`; the plugins of
+`<net.d>/plexus-cni-network/` are inlined after ours (see `build`).
 Ours is written last of all, since its presence tells the runtime the node's
 network is ready; it is re-generated when the primary changes. It stays when the daemon
 stops: removing it on exit (as Multus does, multus-cni #1527) lets pods created during a
@@ -17,6 +19,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from cni import jsonio
+from cni.config import chained_plugins, with_chained_plugins
+from cni.errors import CNIError, ErrorCode
 from cni.fileio import write_atomic
 from meta.attachments import CONF_SUFFIXES
 from meta.daemon.config import DAEMON_ONLY_KEYS, NETWORK_NAME, DaemonConfig
@@ -41,11 +46,17 @@ def find_primary(net_dir: Path, own_name: str) -> Path | None:
     return None
 
 
-def build(primary: dict[str, Any], conf: DaemonConfig) -> dict[str, Any]:
-    """Our conflist: one `plexus` plugin delegating to the primary, capabilities united.
+def build(
+    primary: dict[str, Any], conf: DaemonConfig, chained: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Our conflist: one `plexus` plugin delegating to the primary, capabilities united,
+    then the `chained` plugins of our own network's directory.
 
     Its cniVersion is the primary's: the runtime is known to accept that one (a newer
     one of our own may be more than its libcni reads), and Plexus speaks every version.
+    The chain is inlined and `loadOnlyInlinedPlugins` set, so every runtime runs the same
+    one: libcni before 1.3 (containerd 1.6) never reads `<net.d>/plexus-cni-network/`, and
+    containerd 2.x reloads only when a file in net.d changes, not when that directory does.
     """
     plugins = primary.get("plugins", [primary])
     capabilities = sorted(
@@ -61,7 +72,22 @@ def build(primary: dict[str, Any], conf: DaemonConfig) -> dict[str, Any]:
     plugin: dict[str, Any] = {"type": "plexus", **settings, "delegates": [primary]}
     if capabilities:
         plugin["capabilities"] = dict.fromkeys(capabilities, True)
-    return {"cniVersion": version, "name": NETWORK_NAME, "plugins": [plugin]}
+    return {
+        "cniVersion": version,
+        "name": NETWORK_NAME,
+        "loadOnlyInlinedPlugins": True,
+        "plugins": [plugin, *chained],
+    }
+
+
+def read_primary(path: Path) -> dict[str, Any]:
+    """The primary network's config as a libcni 1.3 runtime would run it: a conflist
+    with the plugins of `<net.d>/<its name>/*.conf` chained after its own. Ours then
+    runs that whole chain, since the runtime no longer reads the primary's file."""
+    primary = jsonio.loads(path.read_bytes(), str(path))
+    if not isinstance(primary, dict):
+        raise CNIError(ErrorCode.INVALID_CONFIG, f"{path} must be a JSON object")
+    return with_chained_plugins(primary, path)
 
 
 class ConfigWriter:
@@ -72,6 +98,7 @@ class ConfigWriter:
         self.net_dir = Path(conf.cni_conf_dir)
         self.target = self.net_dir / conf.generated_name
         self.interval = interval
+        self._authority: tuple[tuple[int, int, int], DaemonConfig] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cni-config", daemon=True)
 
@@ -92,20 +119,48 @@ class ConfigWriter:
         if primary_path is None:
             return False
         try:
-            primary = json.loads(primary_path.read_bytes())
-        except (OSError, ValueError) as exc:
+            primary = read_primary(primary_path)
+            chained = chained_plugins(self.net_dir, NETWORK_NAME)
+        except (OSError, CNIError) as exc:
             log.warning(
-                "cannot read the primary CNI config",
+                "cannot read the primary CNI config or a chained plugin (our config, if "
+                "any, stays as it was)",
                 extra={"file": str(primary_path), "error": str(exc)},
             )
             return False
-        text = json.dumps(build(primary, self.conf), indent=2).encode()
+        text = json.dumps(build(primary, self.conf, chained), indent=2).encode()
         if _read(self.target) != text:  # a restarted daemon leaves an unchanged one alone
             write_atomic(self.target, text, 0o644)
             log.info(
                 "wrote CNI config", extra={"file": str(self.target), "primary": str(primary_path)}
             )
         return True
+
+    def authority(self) -> DaemonConfig:
+        """The daemon's config with the primary our conflist on disk wraps as its
+        delegates: what a call from the runtime must match (meta/authority.py). Read
+        again only when the file changes."""
+        try:
+            st = os.stat(self.target)
+        except OSError:
+            return self.conf
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        kept = self._authority
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        conf = self.conf
+        try:
+            plugin = jsonio.loads(self.target.read_bytes(), str(self.target))["plugins"][0]
+            delegates = plugin["delegates"]
+            if isinstance(delegates, list) and all(isinstance(d, dict) for d in delegates):
+                conf = self.conf.model_copy(update={"delegates": delegates})
+        except (OSError, CNIError, LookupError, TypeError) as exc:
+            log.warning(
+                "cannot read our CNI config: calls must match the daemon's config alone",
+                extra={"file": str(self.target), "error": str(exc)},
+            )
+        self._authority = (key, conf)
+        return conf
 
     def _loop(self) -> None:
         while not self._stop.is_set():

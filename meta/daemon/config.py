@@ -118,8 +118,10 @@ class DaemonConfig(MetaConfig):
         if self.auxiliary_cni_chain_name:
             raise ValueError(
                 f"auxiliaryCNIChainName {self.auxiliary_cni_chain_name!r}: Plexus runs no "
-                "chain after the delegates; add those plugins to each network's own conflist "
-                "and remove auxiliaryCNIChainName"
+                "separate chain after the delegates; move its .conf files into "
+                "<cniConfigDir>/<primary network name>/ (chained onto the cluster network) "
+                "or <cniConfigDir>/plexus-cni-network/ (chained onto Plexus by a libcni 1.3 "
+                "runtime), and remove auxiliaryCNIChainName"
             )
         return self
 

@@ -106,7 +106,7 @@ def test_plexus_alone_generates_nothing_without_cni_config_dir() -> None:
         ("overrideNetworkName", True, "named plexus-cni-network"),
         ("daemonSocketDir", "/run/multus/", "set socketDir to it"),
         ("perNodeCertificate", {"enabled": True, "certDir": "/x"}, "in-cluster service account"),
-        ("auxiliaryCNIChainName", "vendor-chain", "each network's own conflist"),
+        ("auxiliaryCNIChainName", "vendor-chain", "<primary network name>/ (chained onto"),
     ],
 )
 def test_a_multus_key_plexus_cannot_honour_is_refused_saying_what_to_do(
