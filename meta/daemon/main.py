@@ -45,6 +45,7 @@ def run_daemon(config_path: str, node_name: str) -> int:
         metrics.track_source(source)
         source.start()
     ready = threading.Event()
+    writer = ConfigWriter(conf) if conf.cni_conf_dir else None
     ipam = None
     if isinstance(source, KubeSource) and "whereabouts" not in conf.exec_delegates:
         from meta.daemon.ipam import DaemonIPAM  # whereabouts in process: with an API only
@@ -55,6 +56,7 @@ def run_daemon(config_path: str, node_name: str) -> int:
         source=source,
         configure_logging=False,
         ready=ready.is_set,
+        authority=writer.authority if writer is not None else lambda: conf,
         cluster_ipam=ipam.ipam if ipam is not None else None,
     )
     hotplug = HotplugWorker(plugin, conf)
@@ -78,7 +80,6 @@ def run_daemon(config_path: str, node_name: str) -> int:
         http = HealthServer(conf.metrics_bind_address, conf.metrics_port, metrics, ready.is_set)
     serving = threading.Thread(target=server.serve_forever, name="socket", daemon=True)
     serving.start()
-    writer = ConfigWriter(conf) if conf.cni_conf_dir else None
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

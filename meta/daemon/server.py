@@ -16,6 +16,7 @@ import logging
 import os
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -117,6 +118,7 @@ class SocketServer:
             with conn:
                 try:
                     request = protocol.read_request(_Deadline(conn, REQUEST_DEADLINE))
+                    refuse_own_descendant(conn)
                 except (CNIError, OSError) as exc:
                     self._answer_bad_request(conn, exc)
                     return
@@ -225,6 +227,42 @@ class HangupWatch:
                         continue
                 log.warning("the shim went away: cancelling its call")
                 scope.cancel("the runtime's shim closed the connection (it gave up on the call)")
+
+
+_MAX_ANCESTORS = 64
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def refuse_own_descendant(conn: socket.socket) -> None:
+    """CNIError(INVALID_CONFIG) if the calling process descends from this daemon: a
+    delegate it exec'd (or anything that one started) calling back into Plexus, which
+    would run Plexus with a config of a NAD's choosing and wait on its own locks."""
+    cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    pid = _PEERCRED.unpack(cred)[0]
+    me = os.getpid()
+    ancestor = pid
+    for _ in range(_MAX_ANCESTORS):
+        if ancestor <= 1:
+            return
+        if ancestor == me:
+            raise CNIError(
+                ErrorCode.INVALID_CONFIG,
+                f"refused a call from process {pid}, which the Plexus daemon started: a "
+                "delegate may not call Plexus again",
+                "a network's plugin must not be Plexus itself (type plexus or its shim)",
+            )
+        ancestor = _parent(ancestor)
+
+
+def _parent(pid: int) -> int:
+    """The parent of `pid` (0 when it is gone): field 4 of /proc/PID/stat, after the
+    command name, which may itself hold spaces and parentheses."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(b")") + 2 :].split(b" ", 2)[1])
 
 
 def _hung_up(fd: int) -> bool:
