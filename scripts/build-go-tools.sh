@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build the Go components the cluster tier and the benchmarks run: etcd, kube-apiserver,
-# kubelet, Multus (the thin plugin, and multus-daemon + multus-shim for thick mode) and
-# cnitool, from the Go module proxy.
+# Build the Go components the runtime and cluster tiers and the benchmarks run: containerd
+# 2.x (daemon, runc shim, ctr), the reference tuning plugin, etcd, Kubernetes (kube-apiserver, kubelet, kubectl,
+# kube-controller-manager, kube-scheduler), Multus (the thin plugin, and multus-daemon +
+# multus-shim for thick mode) and cnitool, from the Go module proxy.
 #
 # Idempotent. Binaries land outside the repo in $PLEXUS_GO_TOOLS (default
 # /var/cache/plexus-go-tools) as <name>-<version>/<binary>, with stable symlinks in
@@ -15,10 +16,12 @@
 set -euo pipefail
 
 ETCD_VERSION=v3.6.16
-KUBE_VERSION=v1.34.4
+KUBE_VERSION=v1.37.2
+CONTAINERD_VERSION=v2.4.2
+CNI_PLUGINS_VERSION=v1.10.0
 MULTUS_VERSION=v4.2.4
 CNITOOL_VERSION=v1.3.1
-GO_MIN=1.26 # etcd v3.6.16's go.mod says go 1.26.0
+GO_MIN=1.26 # etcd v3.6.16's, Kubernetes v1.37.2's and containerd v2.4.2's go.mod say go 1.26
 
 ROOT=${PLEXUS_GO_TOOLS:-/var/cache/plexus-go-tools}
 JOBS=${PLEXUS_GO_JOBS:-$(nproc)}
@@ -26,8 +29,10 @@ JOBS=${PLEXUS_GO_JOBS:-$(nproc)}
 log() { printf 'build-go-tools: %s\n' "$*"; }
 
 command -v go >/dev/null || { log "go not found on PATH (need go >= $GO_MIN)"; exit 1; }
-# Static builds with the installed toolchain, never a downloaded one.
+# Static builds with the installed toolchain, never a downloaded one (a component that
+# needs more sets GOTOOLCHAIN, CGO_ENABLED or TAGS for its own build() call).
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOWORK=off GOFLAGS="-mod=mod -buildvcs=false"
+TAGS=""
 GOVERSION=$(go env GOVERSION)
 if [[ "$(printf '%s\n' "go$GO_MIN" "$GOVERSION" | sort -V | head -1)" != "go$GO_MIN" ]]; then
     log "$GOVERSION is too old (need go >= $GO_MIN)"
@@ -64,11 +69,16 @@ kube_replaces() {
 # build NAME VERSION MODULE LDFLAGS REPLACES_FN BIN=PKG...
 #   MODULE@VERSION provides the packages; REPLACES_FN is called in the throwaway module
 #   with upstream's go.mod path; each BIN=PKG builds main package PKG into binary BIN.
+#   GOTOOLCHAIN, CGO_ENABLED and TAGS (build tags) given on the call apply to this build.
 build() {
     local name=$1 version=$2 module=$3 ldflags=$4 replaces=$5
     shift 5
     local dir="$ROOT/$name-$version" recipe spec missing=0
     recipe="$GOVERSION $module@$version ldflags=[$ldflags] $replaces $*"
+    # Only a non-default environment is part of the recipe: the defaults' recipes stay put.
+    if [[ "$GOTOOLCHAIN $CGO_ENABLED $TAGS" != "local 0 " ]]; then
+        recipe+=" toolchain=$GOTOOLCHAIN cgo=$CGO_ENABLED tags=[$TAGS]"
+    fi
     for spec in "$@"; do [[ -x "$dir/${spec%%=*}" ]] || missing=1; done
     if ((missing == 0)) && [[ "$(cat "$dir/.recipe" 2>/dev/null)" == "$recipe" ]]; then
         log "$name $version: cached"
@@ -85,7 +95,7 @@ build() {
             "$replaces" "$gomod"
             go get "$module@$version"
             for spec in "$@"; do
-                go build -p "$JOBS" -trimpath -ldflags "-s -w $ldflags" \
+                go build -p "$JOBS" -trimpath -tags "$TAGS" -ldflags "-s -w $ldflags" \
                     -o "out/${spec%%=*}" "${spec#*=}"
             done
         )
@@ -126,9 +136,25 @@ build multus-thick "$MULTUS_VERSION" gopkg.in/k8snetworkplumbingwg/multus-cni.v4
 build etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3 "" no_replaces \
     etcd=go.etcd.io/etcd/server/v3
 
+# containerd 2.x for the runtime tier and one node of the two-node tier (Debian's 1.6 runs
+# the other). Static like upstream's release binaries; the tag drops the man-page generator.
+# Debian's runc runs its containers.
+TAGS=urfave_cli_no_docs build containerd "$CONTAINERD_VERSION" github.com/containerd/containerd/v2 \
+    "-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" no_replaces \
+    containerd=github.com/containerd/containerd/v2/cmd/containerd \
+    containerd-shim-runc-v2=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+    ctr=github.com/containerd/containerd/v2/cmd/ctr
+
+# The reference tuning plugin at a version that reads cniVersion 1.1.0 (Debian's 1.1.1 stops
+# at 1.0.0): what a containerd 2.x runtime chains after Plexus at 1.1.0.
+build cni-plugins "$CNI_PLUGINS_VERSION" github.com/containernetworking/plugins \
+    "-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION" \
+    no_replaces tuning=github.com/containernetworking/plugins/plugins/meta/tuning
+
 build kubernetes "$KUBE_VERSION" k8s.io/kubernetes "$(kube_ldflags)" kube_replaces \
     kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
-    kubelet=k8s.io/kubernetes/cmd/kubelet
+    kubelet=k8s.io/kubernetes/cmd/kubelet \
+    kubectl=k8s.io/kubernetes/cmd/kubectl
 
 # The control loops the two-node tier needs (DaemonSets, service-account tokens, scheduling):
 # same module and pinning as the kubelet, in their own cache dir so adding them does not
@@ -169,7 +195,7 @@ build_whereabouts() {
 }
 build_whereabouts
 
-for b in cnitool multus multus-daemon multus-shim whereabouts etcd kube-apiserver kubelet \
-    kube-controller-manager kube-scheduler; do
+for b in cnitool multus multus-daemon multus-shim whereabouts etcd containerd containerd-shim-runc-v2 ctr \
+    tuning kube-apiserver kubelet kubectl kube-controller-manager kube-scheduler; do
     printf '%-15s %s\n' "$b" "$(readlink -f "$ROOT/bin/$b")"
 done

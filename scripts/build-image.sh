@@ -55,7 +55,7 @@ fi
 context=$(mktemp -d "$CACHE/context.XXXXXX")
 trap 'rm -rf "$context"' EXIT
 tar -c --exclude=__pycache__ --exclude='*_pb2.py' --exclude='*_pb2.pyi' --exclude='*_pb2_grpc.py' \
-    Containerfile pyproject.toml scripts/gen-protos.py cni meta delegates deviceplugin |
+    Containerfile pyproject.toml scripts/gen-protos.py cni kube meta delegates deviceplugin |
     tar -x -C "$context"
 # The package metadata needs a README but the image does not need the docs: a stub keeps
 # README edits from rebuilding the image.

@@ -14,7 +14,9 @@ scripts/apt-install.sh openssl containerd runc buildah mmdebstrap valgrind strac
 # The VM tier: QEMU, the pinned Debian kernel, virtme-ng (ipvlan, VLAN, SR-IOV tests).
 scripts/setup-vm.sh
 
-# Go-built components for the cluster tier and benchmarks: etcd, kube-apiserver, kubelet,
-# Multus thin, cnitool (cached in /var/cache/plexus-go-tools; first run ~7 min, then <1 s).
+# Go-built components for the runtime and cluster tiers and benchmarks: containerd 2.x,
+# etcd, Kubernetes 1.37 (kube-apiserver, kubelet, kubectl, controllers), the 1.1.0-capable
+# tuning plugin, Multus, cnitool (cached in /var/cache/plexus-go-tools; see the script for
+# the first run's time, then <1 s).
 scripts/build-go-tools.sh
 echo "setup: ok"

@@ -353,6 +353,9 @@ class Cluster:
             [
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                # 1.37 refuses a loopback advertise address for the `kubernetes` Service's
+                # endpoints; nothing reads them (the nodes relay its ClusterIP themselves).
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={port}",
                 f"--cert-dir={self.root / 'certs'}",
                 f"--etcd-servers={etcd_url}",

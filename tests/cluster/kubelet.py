@@ -56,8 +56,7 @@ import yaml
 from cri_api.v1 import api_pb2 as cri
 
 from delegates.netns import run_in_netns
-from meta.daemon.cniconfig import NETWORK_NAME
-from meta.daemon.config import GENERATED_NAME
+from meta.daemon.config import GENERATED_NAME, NETWORK_NAME
 from tests.cluster.apiserver import (
     ApiError,
     Cluster,
@@ -353,11 +352,17 @@ def _two_free_ports() -> tuple[int, int]:
 class KubeletNode:
     """The whole node: netns, API relay, Plexus daemon, containerd and kubelet.
 
-    Several can join one cluster: each has its own names, dirs, sockets, `node_ip` and
-    primary pod subnet (`pod_subnet`, default Node.bridge_conf()'s)."""
+    Several can join one cluster: each has its own names, dirs, sockets, `node_ip`,
+    primary pod subnet (`pod_subnet`, default Node.bridge_conf()'s) and containerd
+    `release` (2.x by default; Debian's 1.6 for the other node of a mixed cluster)."""
 
     def __init__(
-        self, cluster: Cluster, node_ip: str = NODE_IP, pod_subnet: str = "", max_pods: int = 16
+        self,
+        cluster: Cluster,
+        node_ip: str = NODE_IP,
+        pod_subnet: str = "",
+        max_pods: int = 16,
+        release: ctrd.Release = ctrd.BUILT,
     ) -> None:
         self.cluster = cluster
         self.node_ip = node_ip
@@ -367,13 +372,13 @@ class KubeletNode:
         (self.root / "node").mkdir()
         self.node = Node(self.root / "node")
         try:
-            self._setup(max_pods)
+            self._setup(max_pods, release)
         except BaseException:
             self.node.close()
             shutil.rmtree(self.root, ignore_errors=True)
             raise
 
-    def _setup(self, max_pods: int) -> None:
+    def _setup(self, max_pods: int, release: ctrd.Release) -> None:
         self.name = f"pxt-kubelet-{self.node.tag}"
         self.net_dir = self.root / "net.d"
         # The node's own /run and /var/lib/cni (its mount namespace has them there), with
@@ -394,6 +399,8 @@ class KubeletNode:
             self.net_dir,
             cgroup_parent=f"/{self.name}",  # only for sandboxes run by hand, not the kubelet's
             enter=self.mounts.nsenter(),
+            release=release,
+            cdi_dirs=[self.root / "cdi"],  # where a DRA plugin of the node writes its specs
         )
         self.kubelet = Kubelet(
             self.root / "kubelet",

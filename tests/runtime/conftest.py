@@ -1,11 +1,13 @@
 """Fixtures for the runtime tier: a real containerd calling Plexus through CRI, as a kubelet would.
 
-One containerd for the whole tier (tests/runtime/containerd.py), run in a throwaway "node"
-namespace (tests/netns/conftest.py's Node: the bridge, the macvlan master `uplink0` and
-the embedded cluster store live there). Its CNI `conf_dir` holds one conflist whose only
-plugin is Plexus (`{"type": "plexus", ...}` with `clusterDir`), so pods and NADs come from
-YAML files and no Kubernetes is needed; `bin_dir` holds the reference plugins from
-/usr/lib/cni plus Plexus's installed shim and Python binaries. The sandbox image is
+One containerd 2.x for the whole tier (tests/runtime/containerd.py; `runtime`), and
+Debian's containerd 1.6 for the smoke test that still runs on it (`runtime_debian`), each
+in a throwaway "node" namespace (tests/netns/conftest.py's Node: the bridge, the macvlan
+master `uplink0` and the embedded cluster store live there). Its CNI `conf_dir` holds one
+conflist whose only plugin is Plexus (`{"type": "plexus", ...}` with `clusterDir`), at
+cniVersion 1.1.0 on 2.x (so containerd calls STATUS) and 1.0.0 on 1.6, so pods and NADs
+come from YAML files and no Kubernetes is needed; `bin_dir` holds the reference plugins
+from /usr/lib/cni plus Plexus's installed shim and Python binaries. The sandbox image is
 built locally (tests/runtime/image.py). Tests ask for `daemon` to have the shim forward
 to `plexus daemon`; without it the shim falls back to `plexus-thin`.
 """
@@ -17,6 +19,7 @@ import json
 import shutil
 import subprocess
 from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,16 +78,34 @@ class Runtime:
         }
 
 
+# The conflist's cniVersion per config format: containerd 2.x's libcni (1.3) reads 1.1.0
+# and then calls STATUS; 1.6's libcni (1.1) cannot parse a 1.1.0 result.
+_CNI_VERSION = {3: "1.1.0", 2: "1.0.0"}
+
+
 @pytest.fixture(scope="package")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
-    """A running containerd with Plexus as its only CNI network; everything undone after."""
-    missing = ctrd.missing()
+    """A running containerd 2.x with Plexus as its only CNI network; everything undone after."""
+    with running_runtime(tmp_path_factory.mktemp("runtime"), ctrd.BUILT) as rt:
+        yield rt
+
+
+@pytest.fixture(scope="module")
+def runtime_debian(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
+    """The same on Debian's containerd 1.6."""
+    with running_runtime(tmp_path_factory.mktemp("runtime-debian"), ctrd.DEBIAN) as rt:
+        yield rt
+
+
+@contextmanager
+def running_runtime(root: Path, release: ctrd.Release) -> Iterator[Runtime]:
+    """containerd of `release` in a fresh node namespace, Plexus its CNI network."""
+    missing = release.missing()
     if missing:
         pytest.skip(
-            f"containerd and runc are not installed ({', '.join(missing)} absent): run make setup"
+            f"{release.name} is not installed ({', '.join(missing)} absent): run make setup"
         )
     assert compiler() is not None, "no C compiler for the pause image (run make setup)"
-    root = tmp_path_factory.mktemp("runtime")
     absent = [path for path in _HOST_DIRS if not path.exists()]
     (root / "node").mkdir()
     node = Node(root / "node")
@@ -92,11 +113,22 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
     conf_dir = root / "net.d"
     conf_dir.mkdir()
     (conf_dir / "10-plexus.conflist").write_text(
-        json.dumps({"cniVersion": "1.0.0", "name": network, "plugins": [node.meta()]})
+        json.dumps(
+            {
+                "cniVersion": _CNI_VERSION[release.config_version],
+                "name": network,
+                "plugins": [node.meta()],
+            }
+        )
     )
     (root / "containerd").mkdir()
     cd = ctrd.Containerd(
-        root / "containerd", node.name, node.bin, conf_dir, cgroup_parent=f"/{network}"
+        root / "containerd",
+        node.name,
+        node.bin,
+        conf_dir,
+        cgroup_parent=f"/{network}",
+        release=release,
     )
     rt = Runtime(node=node, containerd=cd, network=network)
     netns_before = rt.netns_names()

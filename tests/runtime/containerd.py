@@ -1,5 +1,10 @@
 """A private containerd for the runtime tier, started and stopped by PID, talking CRI.
 
+Two releases run here (`Release`): containerd 2.x built from Go modules by
+scripts/build-go-tools.sh (its own shim and ctr, a version 3 config), which the tiers run
+by default, and Debian's 1.6 (a version 2 config), which one node of the two-node tier and
+a smoke test still run. Both use Debian's runc.
+
 The daemon runs inside the test node's network namespace (`nsenter --net`, so it shares
 the host's mount namespace): the CNI plugins it execs, the bridge and the macvlan master
 then all live in a namespace the tests own, never on the host's network. Its root,
@@ -20,6 +25,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +35,7 @@ from cri_api.v1 import api_pb2_grpc as cri_grpc
 
 from tests.runtime.image import NAME as PAUSE_IMAGE
 
-CONTAINERD = shutil.which("containerd") or "/usr/bin/containerd"
-CTR = shutil.which("ctr") or "/usr/bin/ctr"
+GO_TOOLS = Path(os.environ.get("PLEXUS_GO_TOOLS", "/var/cache/plexus-go-tools")) / "bin"
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
 NAMESPACE = "k8s.io"  # the containerd namespace the CRI plugin works in
 CRI_TIMEOUT = 60.0
@@ -39,9 +44,41 @@ CRI_TIMEOUT = 60.0
 IMPORT_TIMEOUT = 300.0
 
 
-def missing() -> list[str]:
-    """The binaries this tier needs that are not installed."""
-    return [path for path in (CONTAINERD, CTR, RUNC) if not os.access(path, os.X_OK)]
+@dataclass(frozen=True)
+class Release:
+    """One containerd release: its binaries and the config format it reads."""
+
+    name: str
+    containerd: Path
+    ctr: Path
+    shim: Path | None  # the runc shim; None: containerd finds its own on PATH
+    config_version: int
+
+    def missing(self) -> list[str]:
+        """Its binaries (and runc) that are not installed or built."""
+        paths = [self.containerd, self.ctr, Path(RUNC)] + ([self.shim] if self.shim else [])
+        return [str(p) for p in paths if not os.access(p, os.X_OK)]
+
+
+DEBIAN = Release(
+    "containerd 1.6 (Debian)",
+    Path(shutil.which("containerd") or "/usr/bin/containerd"),
+    Path(shutil.which("ctr") or "/usr/bin/ctr"),
+    None,
+    2,
+)
+BUILT = Release(
+    "containerd 2.x (built)",
+    GO_TOOLS / "containerd",
+    GO_TOOLS / "ctr",
+    GO_TOOLS / "containerd-shim-runc-v2",
+    3,
+)
+
+
+def missing(release: Release = BUILT) -> list[str]:
+    """The binaries this tier needs for `release` that are absent."""
+    return release.missing()
 
 
 def _toml(value: str) -> str:
@@ -59,7 +96,11 @@ class Containerd:
         conf_dir: Path,
         cgroup_parent: str,
         enter: Sequence[str] = ("nsenter",),
+        release: Release = BUILT,
+        cdi_dirs: Sequence[Path] = (),
     ) -> None:
+        self.release = release
+        self.cdi_dirs = list(cdi_dirs)  # where 2.x resolves CDI devices (1.6: CDI off)
         self.dir = workdir
         self.enter = list(enter)  # nsenter with any namespace besides the node netns
         self.cgroup_parent = cgroup_parent
@@ -78,16 +119,8 @@ class Containerd:
     # -- process ----------------------------------------------------------------
 
     def write_config(self) -> None:
-        cri_plugin = 'plugins."io.containerd.grpc.v1.cri"'
-        self.config.write_text(
-            f"""version = 2
-root = {_toml(str(self.root))}
+        common = f"""root = {_toml(str(self.root))}
 state = {_toml(str(self.state))}
-disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
-]
 
 [grpc]
   address = {_toml(str(self.socket))}
@@ -100,6 +133,20 @@ disabled_plugins = [
 
 [metrics]
   address = ""
+"""
+        writer = self._config_v3 if self.release.config_version == 3 else self._config_v2
+        self.config.write_text(writer(common))
+
+    def _config_v2(self, common: str) -> str:
+        """containerd 1.6's format."""
+        cri_plugin = 'plugins."io.containerd.grpc.v1.cri"'
+        return f"""version = 2
+{common}
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
+]
 
 [{cri_plugin}]
   sandbox_image = {_toml(PAUSE_IMAGE)}
@@ -124,7 +171,53 @@ disabled_plugins = [
   conf_dir = {_toml(str(self.conf_dir))}
   max_conf_num = 1
 """
-        )
+
+    def _config_v3(self, common: str) -> str:
+        """containerd 2.x's format: the CRI plugin split into images, runtime and the
+        gRPC service. NRI is off (it would make its socket under the host's /var/run)."""
+        runtime = "plugins.'io.containerd.cri.v1.runtime'"
+        images = "plugins.'io.containerd.cri.v1.images'"
+        assert self.release.shim is not None
+        return f"""version = 3
+{common}
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.erofs",
+  "io.containerd.snapshotter.v1.blockfile", "io.containerd.nri.v1.nri",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
+]
+
+[{images}]
+  snapshotter = "overlayfs"
+
+[{images}.pinned_images]
+  sandbox = {_toml(PAUSE_IMAGE)}
+
+[{runtime}]
+  # The VM lacks CAP_SYS_RESOURCE: without this runc fails on oom_score_adj.
+  restrict_oom_score_adj = true
+  # CDI is always on in 2.x: only the dirs given, never the host's /etc/cdi.
+  cdi_spec_dirs = [{", ".join(_toml(str(d)) for d in self.cdi_dirs)}]
+
+[{runtime}.containerd]
+  default_runtime_name = "runc"
+
+[{runtime}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+  runtime_path = {_toml(str(self.release.shim))}
+
+[{runtime}.containerd.runtimes.runc.options]
+  BinaryName = {_toml(RUNC)}
+
+[{runtime}.cni]
+  bin_dirs = [{_toml(str(self.bin_dir))}]
+  conf_dir = {_toml(str(self.conf_dir))}
+  max_conf_num = 1
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+"""
 
     def start(self) -> None:
         self.write_config()
@@ -133,7 +226,7 @@ disabled_plugins = [
                 [
                     *self.enter,
                     f"--net=/run/netns/{self.netns}",
-                    CONTAINERD,
+                    str(self.release.containerd),
                     "--config",
                     str(self.config),
                     "--log-level",
@@ -164,7 +257,7 @@ disabled_plugins = [
     def import_image(self, tarball: Path) -> None:
         done = subprocess.run(
             [
-                CTR,
+                str(self.release.ctr),
                 "--address",
                 str(self.socket),
                 "--namespace",

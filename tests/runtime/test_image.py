@@ -26,7 +26,10 @@ IMAGE = "localhost/plexus-test/plexus:runtime"
 def _ctr(rt: Runtime, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     address = ["--address", str(rt.containerd.socket), "--namespace", ctrd.NAMESPACE]
     return subprocess.run(
-        [ctrd.CTR, *address, *args], capture_output=True, text=True, timeout=timeout
+        [str(rt.containerd.release.ctr), *address, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -36,8 +39,10 @@ def _run(rt: Runtime, command: Sequence[str], mounts: dict[Path, str] | None = N
         f"--mount=type=bind,src={src},dst={dst},options=rbind:rw"
         for src, dst in (mounts or {}).items()
     ]
+    shim = rt.containerd.release.shim  # by path: the one on PATH may be another release's
+    runtime = ["--runtime", str(shim)] if shim else []
     name = f"pxt-image-{uuid.uuid4().hex[:8]}"
-    done = _ctr(rt, "run", "--rm", *binds, IMAGE, name, *command)
+    done = _ctr(rt, "run", "--rm", *runtime, *binds, IMAGE, name, *command)
     assert done.returncode == 0, f"{command} in the image: {done.stdout} {done.stderr}"
     return done.stdout
 
