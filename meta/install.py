@@ -81,14 +81,14 @@ def is_own_executable(path: str) -> bool:
     """True if the file at `path` is the Plexus meta-plugin (the shim or plexus-thin),
     whatever its name: it holds IDENTITY. Remembered per file version (inode, size, mtime)."""
     try:
+        st = os.stat(path)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if (known := _known.get(key)) is not None:
+            return known
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return False
     try:
-        st = os.fstat(fd)
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if (known := _known.get(key)) is not None:
-            return known
         found = _holds(fd, IDENTITY)
     finally:
         os.close(fd)
