@@ -233,7 +233,8 @@ def replay(args: argparse.Namespace) -> int:
         elif args.verb == "status":
             runtime.status(net)
         elif args.verb == "gc":
-            runtime.gc(net, [(str(c), str(i)) for c, i in json.loads(args.valid)])
+            valid = json.loads(args.valid)  # the operator's command line, as --cap-args
+            runtime.gc(net, [(str(c), str(i)) for c, i in valid])
         else:
             output = {
                 p["type"]: version_info(ExecExecutor(), p["type"], paths) for p in net.plugins
@@ -258,7 +259,7 @@ def _container_id(netns: str) -> str:
 
 
 def _json_object(text: str) -> dict[str, Any]:
-    value = json.loads(text)
+    value = json.loads(text)  # the root operator's own command line, not tenant input
     if not isinstance(value, dict):
         raise ValueError("--cap-args must be a JSON object")
     return value
