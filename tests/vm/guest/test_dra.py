@@ -286,6 +286,7 @@ def test_dra_claim_attaches_its_vf_with_networkdata_matching_the_kernel(
             "cniDir": str(tmp_path / "cni"),
             "deviceInfoDir": str(tmp_path / "devinfo"),
             "delegates": [{"cniVersion": "1.0.0", "name": "lo", "type": "loopback"}],
+            "allowedHostPaths": [str(tmp_path)],  # the NAD's sriov dataDir
         }
     )
     cluster = FakeCluster(pod, nad, api)
