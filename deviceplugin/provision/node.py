@@ -26,7 +26,7 @@ from deviceplugin.provision.pools import DEFAULT_PREFIX, resources
 from deviceplugin.provision.record import PfRecord, Records
 from deviceplugin.sysfs import PciNetDevice, discover
 
-ROUNDS = 3  # a numVfs change is followed by another round for the new VFs' drivers
+ROUNDS = 3  # new or rebound VFs get another round: drivers, then their netdevs' MTUs
 
 log = logging.getLogger("plexus.provision")
 
@@ -93,6 +93,7 @@ class NodeProvisioner:
         result = PassResult()
         devices = self.discover()
         result.desired, result.rejected = desired_of(devices)
+        rebound: set[str] = set()  # VFs this pass moved: their fresh netdevs are no drift
         for _ in range(ROUNDS):
             records = self.records.load()
             plans = plan(result.desired, devices, records)
@@ -100,13 +101,14 @@ class NodeProvisioner:
                 self.records.remove(pci)
             result.allocations = self.allocations.read(devices)
             result.waiting.clear()
-            recreated = False
+            again = False
             for p in plans.pfs:
-                now = self._now(p, records.get(p.pci), result)
+                now = self._now(p, records.get(p.pci), result, rebound)
                 if not now.empty:
-                    recreated |= self._apply(now, devices, records.get(p.pci), result)
+                    again |= self._apply(now, devices, records.get(p.pci), result)
+                    rebound |= {vf for vf, _ in now.binds}
             devices = self.discover()
-            if not recreated:
+            if not again:
                 break
         self._mark_applied(result.desired, devices)
         if self.allocations.problem:
@@ -116,7 +118,9 @@ class NodeProvisioner:
         result.resources = resources(result.desired, devices, result.allocations, self.prefix)
         return result
 
-    def _now(self, p: PfPlan, record: PfRecord | None, result: PassResult) -> PfPlan:
+    def _now(
+        self, p: PfPlan, record: PfRecord | None, result: PassResult, rebound: set[str]
+    ) -> PfPlan:
         """The part of `p` to apply now; what must wait, or drifted, is noted in `result`."""
         in_use = {vf: result.allocations[vf] for vf in p.touched if result.allocations.get(vf)}
         if p.num_vfs is not None and in_use:
@@ -137,14 +141,17 @@ class NodeProvisioner:
                 binds.append((vf, driver))
         if drift:
             result.drift += [
-                f"VF {netdev} MTU changed: set to {mtu} again" for _, netdev, mtu in p.vf_mtus
+                f"VF {netdev} MTU changed: set to {mtu} again"
+                for vf, netdev, mtu in p.vf_mtus
+                if vf not in rebound
             ]
         return dataclasses.replace(p, binds=tuple(binds))
 
     def _apply(
         self, p: PfPlan, devices: list[PciNetDevice], record: PfRecord | None, result: PassResult
     ) -> bool:
-        """Make `p`'s writes (its record first); True if VFs were created or removed."""
+        """Make `p`'s writes (its record first); True if VFs were made, removed or rebound
+        (their drivers or netdevs are new: another round configures them)."""
         if p.desired is not None:
             pf = next(d for d in devices if d.address == p.pci)
             created = p.num_vfs is not None and not p.desired.externally_managed
@@ -178,7 +185,7 @@ class NodeProvisioner:
             log.info("%s", step.what)
         if p.desired is None and not failed:
             self.records.remove(p.pci)
-        return p.num_vfs is not None and not failed
+        return (p.num_vfs is not None or bool(p.binds)) and not failed
 
     def _steps(self, p: PfPlan) -> list[_Step]:
         host = self.host

@@ -139,14 +139,15 @@ def test_an_externally_managed_pf_is_bound_and_offered_but_never_reset(node: Nod
 
 
 def test_drift_is_restored_when_free_and_only_reported_in_use(node: Node) -> None:
-    node.prov.reconcile([pol(numVfs=2)], {})
+    node.prov.reconcile([pol(numVfs=2, mtu=9000)], {})
     node.kernel.set_driver(VF[0], "vfio-pci")  # behind Plexus's back
-    result = node.prov.reconcile([pol(numVfs=2)], {})
+    result = node.prov.reconcile([pol(numVfs=2, mtu=9000)], {})
     assert result.drift == [f"VF {VF[0]} left its driver: bound to netdevice again"]
     assert node.vfs()[VF[0]] == "igbvf"
+    assert {d.mtu for d in result.devices if d.is_vf} == {9000}  # its new netdev's too
     node.kernel.set_driver(VF[1], "vfio-pci")
     node.hold(VF[1])
-    result = node.prov.reconcile([pol(numVfs=2)], {})
+    result = node.prov.reconcile([pol(numVfs=2, mtu=9000)], {})
     assert result.drift == [f"VF {VF[1]} left its driver while held by pod ns/p1: not restored"]
     assert result.waiting == {}  # nobody is evicted for it
     assert node.vfs()[VF[1]] == "vfio-pci"
