@@ -10,8 +10,11 @@ import os
 import stat
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported with the pool's first use: plugin binaries use none
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 NAME_MAX = 255
 """Bytes in a file name (ext4, xfs, btrfs, tmpfs): longer ones fail with ENAMETOOLONG."""
@@ -101,6 +104,15 @@ def write_atomic(path: str | Path, data: bytes, mode: int = 0o600, fsync: bool =
         _fsync(target.parent)
 
 
+def remove_partials(path: str | Path) -> None:
+    """Remove the temporary files write_atomic left beside `path` when its process died
+    before the rename (a node rebooted mid-write); only for a path nobody writes now."""
+    target = Path(path)
+    start = target.name.encode(errors="surrogateescape")[:_PARTIAL_PREFIX]
+    for partial in target.parent.glob(f".{start.decode(errors='ignore')}.*.*.tmp"):
+        partial.unlink(missing_ok=True)
+
+
 def make_durable(paths: Iterable[str | Path]) -> None:
     """fsync each file that exists and each of their directories; see start_sync."""
     start_sync(paths).wait()
@@ -162,6 +174,8 @@ _pool_guard = threading.Lock()
 
 @functools.cache
 def _shared_pool() -> ThreadPoolExecutor:
+    from concurrent.futures import ThreadPoolExecutor
+
     return ThreadPoolExecutor(_POOL_SIZE, thread_name_prefix="fsync")
 
 

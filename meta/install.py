@@ -19,11 +19,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 from cni.errors import CNIError, ErrorCode
+from cni.fileio import remove_partials, write_atomic
 
 log = logging.getLogger("plexus.install")
 
@@ -59,7 +58,9 @@ def install_binaries(
     """Install the shim (and unless `shim_only` the Python binaries) into `bin_dir`."""
     target = Path(bin_dir)
     target.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(target)
+    names = [SHIM_NAME] if shim_only else [SHIM_NAME, *BINARIES]
+    for name in names:
+        remove_partials(target / name)  # an install killed before its rename
     written = []
     if not shim_only:
         for name, module in BINARIES.items():
@@ -67,13 +68,13 @@ def install_binaries(
             text = _TEMPLATE.format(
                 python=sys.executable, prefix=sys.prefix, module=module, identity=identity
             )
-            written.append(_place(target, name, partial(_write_text, text=text)))
+            written.append(_place(target / name, text.encode()))
     if prebuilt.is_file():
         if not _same(prebuilt, target / SHIM_NAME):
-            _place(target, SHIM_NAME, partial(_copy, prebuilt))
+            _place(target / SHIM_NAME, prebuilt.read_bytes())
         written.append(target / SHIM_NAME)
     else:
-        written.append(_place(target, SHIM_NAME, _compile_shim))
+        written.append(_place(target / SHIM_NAME, _compile_shim()))
     return written
 
 
@@ -133,14 +134,6 @@ def _same(a: Path, b: Path) -> bool:
     return b.is_file() and filecmp.cmp(a, b, shallow=False)
 
 
-def _copy(source: Path, output: str) -> None:
-    shutil.copyfile(source, output)
-
-
-def _write_text(output: str, text: str) -> None:
-    Path(output).write_text(text)
-
-
 SHIM_CFLAGS = ("-O2", "-Wall", "-static")
 
 
@@ -157,42 +150,28 @@ def shim_compiler() -> list[str] | None:
     return [compiler, *SHIM_CFLAGS] if compiler else None
 
 
-def _compile_shim(output: str) -> None:
+def _compile_shim() -> bytes:
+    """The shim, compiled from SHIM_SOURCE."""
     command = shim_compiler()
     if command is None:
         raise CNIError(ErrorCode.NOT_AVAILABLE, "install-cni needs a C compiler (cc) for the shim")
-    done = subprocess.run(
-        [*command, "-o", output, str(SHIM_SOURCE)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise CNIError(
-            ErrorCode.IO_FAILURE,
-            f"compiling the plexus shim with {command[0]} failed (it is linked statically: "
-            "it needs musl-tools, or libc.a from libc6-dev, on Debian)",
-            done.stderr,
+    with tempfile.TemporaryDirectory(prefix="plexus-shim-") as work:
+        output = os.path.join(work, SHIM_NAME)
+        done = subprocess.run(
+            [*command, "-o", output, str(SHIM_SOURCE)], capture_output=True, text=True
         )
+        if done.returncode != 0:
+            raise CNIError(
+                ErrorCode.IO_FAILURE,
+                f"compiling the plexus shim with {command[0]} failed (it is linked statically: "
+                "it needs musl-tools, or libc.a from libc6-dev, on Debian)",
+                done.stderr,
+            )
+        return Path(output).read_bytes()
 
 
-def _temp_prefix(name: str) -> str:
-    return f".{name}-"
-
-
-def _remove_leftovers(target: Path) -> None:
-    """Temp files of an install killed before its rename (a node reboot mid-copy)."""
-    for name in (SHIM_NAME, *BINARIES):
-        for stale in target.glob(_temp_prefix(name) + "*"):
-            stale.unlink(missing_ok=True)
-
-
-def _place(target: Path, name: str, produce: Callable[[str], None]) -> Path:
-    """Produce a file under a temp name in `target`, make it executable, rename it into place."""
-    fd, tmp = tempfile.mkstemp(dir=target, prefix=_temp_prefix(name))
-    os.close(fd)
-    try:
-        produce(tmp)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target / name)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target / name
+def _place(path: Path, data: bytes) -> Path:
+    """`path` replaced by an executable holding `data`, renamed into place: safe over a
+    binary the runtime is executing."""
+    write_atomic(path, data, 0o755)
+    return path

@@ -46,7 +46,7 @@ def test_rerun_is_idempotent_and_clears_an_interrupted_install(tmp_path: Path) -
     prebuilt = _prebuilt(tmp_path)
     install_binaries(bin_dir, shim_only=True, prebuilt=prebuilt)
     inode = (bin_dir / SHIM_NAME).stat().st_ino
-    (bin_dir / f".{SHIM_NAME}-x1y2z3").write_bytes(b"half a copy")  # killed mid-copy (reboot)
+    (bin_dir / f".{SHIM_NAME}.4242.17.tmp").write_bytes(b"half a copy")  # killed mid-copy
 
     install_binaries(bin_dir, shim_only=True, prebuilt=prebuilt)  # the next boot's init step
 
