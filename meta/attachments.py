@@ -119,12 +119,16 @@ def _for_each_plugin(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def apply_selection(config: dict[str, Any], selection: NetworkSelection) -> dict[str, Any]:
-    """The config with the selection's `cni-args` and `deviceID` merged into every plugin."""
+    """The config with the selection's `cni-args`, `ipam-claim-reference` (in `args.cni`)
+    and `deviceID` merged into every plugin."""
     config = copy.deepcopy(config)
     for plugin in _for_each_plugin(config):
         if selection.cni_args:
             args = plugin.setdefault("args", {})
             args.setdefault("cni", {}).update(selection.cni_args)
+        if selection.ipam_claim_reference:  # how the IPAM learns it (docs/ipam.md)
+            args = plugin.setdefault("args", {})
+            args.setdefault("cni", {})["ipam-claim-reference"] = selection.ipam_claim_reference
     return inject_device_id(config, selection.device_id) if selection.device_id else config
 
 

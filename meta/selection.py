@@ -88,6 +88,7 @@ class NetworkSelection(BaseModel):
     cni_args: dict[str, Any] | None = Field(default=None, alias="cni-args")
     default_route: list[str] | None = Field(default=None, alias="default-route")
     device_id: str | None = Field(default=None, alias="deviceID")
+    ipam_claim_reference: str | None = Field(default=None, alias="ipam-claim-reference")
 
     @property
     def ref(self) -> str:
@@ -104,7 +105,7 @@ class NetworkSelection(BaseModel):
         legacy = data.pop("interfaceRequest", None)
         if data.get("interface") in (None, ""):
             data["interface"] = None if legacy in (None, "") else legacy
-        for key in ("mac", "infiniband-guid", "deviceID"):
+        for key in ("mac", "infiniband-guid", "deviceID", "ipam-claim-reference"):
             if data.get(key) == "":
                 data[key] = None
         return data
@@ -145,6 +146,20 @@ class NetworkSelection(BaseModel):
             field = "mac" if info.field_name == "mac" else "infiniband-guid"
             raise ValueError(f'{field} "{value}" is not a valid hardware address')
         return value
+
+    @field_validator("ipam_claim_reference")
+    @classmethod
+    def _check_claim(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(value)):
+            raise ValueError(f'ipam-claim-reference "{value}" is not a valid IPAMClaim name')
+        return value
+
+    @model_validator(mode="after")
+    def _claim_or_ips(self) -> NetworkSelection:
+        """NPWG multi-net spec v1.3: an IPAMClaim gives the addresses, so `ips` may not."""
+        if self.ipam_claim_reference is not None and self.ips:
+            raise ValueError("ips and ipam-claim-reference may not be set together")
+        return self
 
     @field_validator("default_route")
     @classmethod

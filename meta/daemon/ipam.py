@@ -1,13 +1,16 @@
 """The daemon's cluster-wide IPAM: whereabouts served in process, reconciled, measured.
 
-Every `ipamReconcileSeconds` (and once at start) the daemon releases the allocations its
-node made (found by their reservations) whose container is known dead: it has no
-attachment record here (records are written before ADD allocates and removed only once
-DEL has released), or its record's pod UID is no longer a pod on the API server and its
-network namespace is gone. The reservations are listed before the records are read, so an
-ADD racing the reconcile is never taken for dead. Then whichever daemon holds the Lease
-`plexus-ipam-node-release` releases the allocations of nodes the API server no longer has.
-Metrics: addresses used and free per pool.
+The IPAM (delegates.ipam.whereabouts, its pool watch included) loads with its first use:
+the first whereabouts call, or a reconcile round that finds something to do. Every
+`ipamReconcileSeconds` (and once at start) the daemon releases the allocations its node
+made (found by their reservations) whose container is known dead: it has no attachment
+record here (records are written before ADD allocates and removed only once DEL has
+released), or its record's pod UID is no longer a pod on the API server and its network
+namespace is gone. The reservations are listed before the records are read, so an ADD
+racing the reconcile is never taken for dead. Then, when Plexus has allocated anywhere,
+whichever daemon holds the Lease `plexus-ipam-node-release` releases the allocations of
+nodes the API server no longer has, and those of IPAMClaims being deleted (whose finalizer
+it then drops). Metrics: addresses used and free per pool.
 """
 
 from __future__ import annotations
@@ -16,13 +19,21 @@ import logging
 import threading
 from collections.abc import Iterator
 from ipaddress import ip_network
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
+from cni.env import CmdArgs
 from cni.errors import CNIError
 from cni.packages import skip_package_init
-from delegates.ipam.whereabouts.plugin import ClusterIPAM
-from delegates.ipam.whereabouts.pools import NODE_LABEL
+from cni.result import Result
+from delegates.ipam.whereabouts.labels import (
+    CLAIM_FINALIZER,
+    IPAMCLAIMS_PATH,
+    NODE_LABEL,
+    RESERVATIONS,
+)
 from delegates.netns import netns_exists
-from kube.api import get_object
+from kube.api import APIError, get_object
 from kube.lease import Lease
 from meta.daemon.config import DaemonConfig
 from meta.daemon.metrics import Metrics
@@ -33,50 +44,98 @@ skip_package_init("prometheus_client")  # as meta/daemon/metrics.py: its __init_
 from prometheus_client.metrics_core import GaugeMetricFamily  # noqa: E402
 from prometheus_client.registry import Collector  # noqa: E402
 
+if TYPE_CHECKING:
+    from delegates.ipam.whereabouts.plugin import ClusterIPAM
+
 log = logging.getLogger("plexus.ipam")
 
 LEASE_NAME = "plexus-ipam-node-release"
+GROUP_VERSION = "whereabouts.cni.cncf.io/v1alpha1"
 
 
 class DaemonIPAM:
-    """The ClusterIPAM of a daemon with an API server, and its reconcile thread."""
+    """The daemon's ClusterIPAM (made on first use) and its reconcile thread."""
 
     def __init__(self, conf: DaemonConfig, source: KubeSource, node: str) -> None:
         self.source = source
         self.node = node
+        self.namespace = conf.whereabouts_namespace
         self.records = RecordStore(conf.cni_dir)
         self.period = conf.ipam_reconcile_seconds
-        self.ipam = ClusterIPAM(source.api, node, conf.whereabouts_namespace)
-        self.lease = Lease(
-            source.api, conf.whereabouts_namespace, LEASE_NAME, node, 3 * self.period
-        )
+        self.lease = Lease(source.api, self.namespace, LEASE_NAME, node, 3 * self.period)
+        self.plugin = _Served(self)
+        """What the executor serves `whereabouts` with (cni.skel.Plugin)."""
+        self._ipam: ClusterIPAM | None = None
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ipam-reconcile", daemon=True)
 
+    @property
+    def ipam(self) -> ClusterIPAM:
+        """The IPAM, made and started (its pool watch) on first use."""
+        with self._lock:
+            if self._ipam is None:
+                from delegates.ipam.whereabouts.plugin import ClusterIPAM
+
+                self._ipam = ClusterIPAM(self.source.api, self.node, self.namespace)
+                self._ipam.start()
+            return self._ipam
+
     def start(self, metrics: Metrics) -> None:
-        self.ipam.start()
-        metrics.registry.register(_PoolUsage(self.ipam))
+        metrics.registry.register(_PoolUsage(self))
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self.ipam.stop()
+        with self._lock:
+            if self._ipam is not None:
+                self._ipam.stop()
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self.reconcile()
-            except (CNIError, OSError) as exc:
+            except Exception as exc:  # the next round tries again; the thread must live on
                 log.warning("ipam reconcile failed", extra={"error": str(exc)})
             self._stop.wait(self.period)
 
     def reconcile(self) -> None:
-        """One round: this node's dead containers, then (Lease holder) dead nodes."""
+        """One round: this node's dead containers, then (Lease holder) dead nodes and
+        deleted claims; nothing is loaded while Plexus has allocated nothing."""
         if not self.node:
             return
-        self.ipam.allocator.collect(self._dead_here)
-        if self.lease.try_hold():
+        if self._reserved(f"{NODE_LABEL}={self.node}"):
+            self.ipam.allocator.collect(self._dead_here)
+        claims = self._deleted_claims()
+        if (claims or self._reserved(NODE_LABEL)) and self.lease.try_hold():
             self.release_dead_nodes()
+            self.release_deleted_claims(claims)
+
+    def _reserved(self, selector: str) -> bool:
+        """Whether any reservation matches label `selector` (False without the CRD)."""
+        query = urlencode({"labelSelector": selector, "limit": "1"})
+        path = f"/apis/{GROUP_VERSION}/namespaces/{self.namespace}/{RESERVATIONS}?{query}"
+        try:
+            return bool(self.source.api.request("GET", path).get("items"))
+        except APIError as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    def _deleted_claims(self) -> list[dict[str, Any]]:
+        """IPAMClaims being deleted that Plexus still holds ([] without the CRD)."""
+        try:
+            found = self.source.api.request("GET", IPAMCLAIMS_PATH)
+        except APIError as exc:
+            if exc.status == 404:
+                return []
+            raise
+        return [
+            c
+            for c in found.get("items", [])
+            if c["metadata"].get("deletionTimestamp")
+            and CLAIM_FINALIZER in (c["metadata"].get("finalizers") or [])
+        ]
 
     def _dead_here(self, node: str, container_id: str, ifname: str) -> bool:
         try:
@@ -119,12 +178,44 @@ class DaemonIPAM:
         log.info("releasing the addresses of deleted nodes", extra={"nodes": sorted(gone)})
         return self.ipam.allocator.collect(lambda node, _cid, _if: node in gone, NODE_LABEL)
 
+    def release_deleted_claims(self, claims: list[dict[str, Any]]) -> int:
+        """Free the addresses of IPAMClaims being deleted, then let the claims go."""
+        from delegates.ipam.whereabouts.claims import release_claim
+
+        for claim in claims:
+            release_claim(self.ipam.allocator, claim)
+            self.ipam.claims.release(claim)
+        return len(claims)
+
+
+class _Served:
+    """cni.skel.Plugin for the executor: each verb goes to the daemon's IPAM."""
+
+    def __init__(self, daemon: DaemonIPAM) -> None:
+        self.daemon = daemon
+
+    def add(self, args: CmdArgs) -> Result:
+        return self.daemon.ipam.add(args)
+
+    def delete(self, args: CmdArgs) -> None:
+        self.daemon.ipam.delete(args)
+
+    def check(self, args: CmdArgs) -> None:
+        self.daemon.ipam.check(args)
+
+    def status(self, args: CmdArgs) -> None:
+        self.daemon.ipam.status(args)
+
+    def gc(self, args: CmdArgs) -> None:
+        self.daemon.ipam.gc(args)
+
 
 class _PoolUsage(Collector):
-    """plexus_ipam_addresses{pool, state}: used and free addresses of each pool known."""
+    """plexus_ipam_addresses{pool, state}: used and free addresses of each pool known
+    (none before the IPAM's first use)."""
 
-    def __init__(self, ipam: ClusterIPAM) -> None:
-        self.ipam = ipam
+    def __init__(self, daemon: DaemonIPAM) -> None:
+        self.daemon = daemon
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
@@ -133,7 +224,8 @@ class _PoolUsage(Collector):
             "less those used)",
             labels=["pool", "state"],
         )
-        for pool in self.ipam.store.pools():
+        ipam = self.daemon._ipam
+        for pool in ipam.store.pools() if ipam is not None else []:
             used = len(pool.allocations)
             family.add_metric([pool.name, "used"], used)
             family.add_metric([pool.name, "free"], max(0, _usable(pool.range) - used))

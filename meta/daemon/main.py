@@ -57,7 +57,7 @@ def run_daemon(config_path: str, node_name: str) -> int:
         configure_logging=False,
         ready=ready.is_set,
         authority=writer.authority if writer is not None else lambda: conf,
-        cluster_ipam=ipam.ipam if ipam is not None else None,
+        cluster_ipam=ipam.plugin if ipam is not None else None,
     )
     hotplug = HotplugWorker(plugin, conf)
     poller: StorePoller | None = None

@@ -28,12 +28,13 @@ from meta.daemon.config import DaemonConfig
 from meta.daemon.ipam import DaemonIPAM
 from meta.records import AttachmentRecord, RecordStore
 from meta.sources.kube import KubeSource
-from tests.cluster.apiserver import Cluster
+from tests.cluster.apiserver import ApiError, Cluster
 from tests.cluster.whereabouts import (
     WhereaboutsBinary,
     allocations,
     binary_missing,
     install_crds,
+    install_ipamclaims_crd,
     ipam_args,
     ipam_conf,
     pool,
@@ -493,3 +494,63 @@ def test_the_lease_holder_releases_the_addresses_of_deleted_nodes(
     mine.reconcile()  # renews it and releases the deleted node's
     assert list(held(crds, namespace, "10.29.0.0-24", "10.29.0.0").values()) == ["here"]
     assert list(reservations(crds, namespace)) == ["10.29.0.1"]
+
+
+# ---- IPAMClaims ---------------------------------------------------------------------------
+
+
+def test_an_ipamclaim_keeps_its_address_across_pods_until_it_is_deleted(
+    crds: Cluster, namespace: str, tmp_path: Path, nodes: tuple[str, str]
+) -> None:
+    install_ipamclaims_crd(crds)
+    claims = f"/apis/k8s.cni.cncf.io/v1alpha1/namespaces/{namespace}/ipamclaims"
+    crds.create(
+        claims,
+        {
+            "apiVersion": "k8s.cni.cncf.io/v1alpha1",
+            "kind": "IPAMClaim",
+            "metadata": {"name": "vm1.blue"},
+            "spec": {"network": "blue", "interface": "net1"},
+        },
+    )
+    daemon = daemon_ipam(crds, namespace, nodes[0], tmp_path)
+    record(RecordStore(tmp_path), "c2", namespace, "other", "")  # alive all along
+    ipam = daemon.ipam
+    plain = ipam_conf({"type": "whereabouts", "range": "10.30.0.0/24"})
+    claimed = {**plain, "args": {"cni": {"ipam-claim-reference": "vm1.blue"}}}
+
+    def call(verb: str, conf: Json, cid: str, pod: str) -> list[str]:
+        out = dispatch(ipam, ipam_args(verb, conf, cid, pod=pod, namespace=namespace))
+        return [ip["address"] for ip in json.loads(out).get("ips", [])] if out else []
+
+    assert call("ADD", claimed, "c1", "virt-a") == ["10.30.0.1/24"]
+    claim = crds.get(f"{claims}/vm1.blue")
+    assert claim["status"]["ips"] == ["10.30.0.1/24"]
+    assert claim["status"]["ownerPod"] == {"name": "virt-a"}
+    assert "ipam.plexus.io/release" in claim["metadata"]["finalizers"]
+    assert call("ADD", plain, "c2", "other") == ["10.30.0.2/24"]
+
+    call("DEL", claimed, "c1", "virt-a")  # the pod goes; its claim keeps the address
+    assert held(crds, namespace, "10.30.0.0-24", "10.30.0.0") == {
+        "10.30.0.1": "c1",
+        "10.30.0.2": "c2",
+    }
+    assert call("ADD", claimed, "c3", "virt-b") == ["10.30.0.1/24"]  # the VM, elsewhere
+    assert held(crds, namespace, "10.30.0.0-24", "10.30.0.0")["10.30.0.1"] == "c3"
+    call("DEL", claimed, "c3", "virt-b")
+    daemon.reconcile()  # no record of c3 any more: still the claim's
+    assert "10.30.0.1" in held(crds, namespace, "10.30.0.0-24", "10.30.0.0")
+
+    crds.request("DELETE", f"{claims}/vm1.blue")
+    assert crds.get(f"{claims}/vm1.blue")["metadata"]["deletionTimestamp"]
+    daemon.reconcile()  # the Lease holder releases a deleted claim's addresses
+    assert held(crds, namespace, "10.30.0.0-24", "10.30.0.0") == {"10.30.0.2": "c2"}
+    assert sorted(reservations(crds, namespace)) == ["10.30.0.2"]
+    with pytest.raises(ApiError) as gone:
+        crds.get(f"{claims}/vm1.blue")
+    assert gone.value.status == 404
+
+    with pytest.raises(CNIError) as info:
+        call("ADD", claimed, "c4", "virt-c")
+    assert info.value.code == ErrorCode.TRY_AGAIN_LATER
+    assert "IPAMClaim" in info.value.msg and "does not exist" in info.value.msg

@@ -9,9 +9,10 @@ master `uplink0`) is plugged through its veth peer, so a macvlan on node 1 reach
 on node 2 and no frame leaves the namespaces the test made. `install_plexus()` is the one
 place that puts Plexus on the nodes.
 
-The macvlan NAD's host-local store is one directory both nodes use (they share the host's
-filesystem): it stands in for a cluster-wide IPAM such as whereabouts, so pods on the two
-nodes never get the same address.
+The macvlan NAD's IPAM is whereabouts, served in process by each node's daemon: its pool
+is an IPPool on the API server, and the nodes share no IPAM state on disk (each has its
+own /var/lib/cni), so pods on the two nodes never get the same address only because the
+cluster-wide IPAM works.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from delegates.ipam.whereabouts.ranges import pool_name
 from meta.daemon.cniconfig import NETWORK_NAME
 from tests.cluster import install, kubelet
 from tests.cluster.apiserver import CONTROLLERS, Cluster, binary
 from tests.cluster.forward import LoopbackForward
-from tests.cluster.kubelet import KubeletNode, network_status, reserved_ips, run_all
+from tests.cluster.kubelet import KubeletNode, network_status, run_all
+from tests.cluster.whereabouts import allocations, install_crds, install_ipam_rbac
 from tests.netns.conftest import Node, sh
 from tests.runtime.conftest import addresses
 
@@ -38,7 +41,8 @@ UPLINK_PEER = "uplink1"  # Node's other end of its uplink veth
 BRIDGE = "lan0"
 # Per node: node IP (on its own `kubenode0`) and primary pod subnet (inside Node.bridge_conf's).
 NODE_ADDRESSES = (("192.0.2.11", "10.99.1.0/24"), ("192.0.2.12", "10.99.2.0/24"))
-LAN_SUBNET = "10.94.0.0/24"  # the LAN NAD: one range, one host-local store for both nodes
+LAN_SUBNET = "10.94.0.0/24"  # the LAN NAD: one whereabouts range for both nodes
+POOLS_NAMESPACE = "kube-system"  # the daemons' whereaboutsNamespace (its default)
 MAX_PODS = 40  # room for pod bursts (an upgrade scenario), the daemons and the test pods
 
 Json = dict[str, Any]
@@ -84,7 +88,6 @@ class TwoNodes:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.root = Path(tempfile.mkdtemp(prefix="pxt-two-"))
-        self.ipam = self.root / "lan-ipam"  # the NADs' host-local store, shared by the nodes
         self.lan: Lan | None = None
         self.nodes: list[KubeletNode] = []
         self.startup_seconds = 0.0
@@ -99,6 +102,10 @@ class TwoNodes:
         # kube-system's `default` ServiceAccount, as the serviceaccount controller (not
         # run) makes in a real cluster: pods there without their own account need it.
         self.cluster.create_namespace("kube-system")
+        # The LAN NAD's IPAM keeps its pools in whereabouts' CRDs, which the daemons need
+        # the rights to: the install applies both; daemons started by hand need them too.
+        install_crds(self.cluster)
+        install_ipam_rbac(self.cluster)
         self.lan = Lan()
         for node_ip, pod_subnet in NODE_ADDRESSES:
             self.nodes.append(KubeletNode(self.cluster, node_ip, pod_subnet, MAX_PODS))
@@ -185,14 +192,16 @@ class TwoNodes:
 
     def macvlan_conf(self, subnet: str) -> Json:
         """A macvlan NAD config on the nodes' uplinks (same name on every node), its
-        addresses from the shared host-local store."""
+        addresses from whereabouts (in process: one IPPool for both nodes)."""
         conf = self.nodes[0].node.macvlan_conf(subnet)
-        conf["ipam"]["dataDir"] = str(self.ipam)
+        conf["ipam"] = {"type": "whereabouts", "range": subnet}
         return conf
 
     def reserved_ips(self) -> list[str]:
-        """Addresses the shared store holds."""
-        return reserved_ips(self.ipam)
+        """Addresses the LAN NAD's IPPool holds (in the daemons' whereaboutsNamespace)."""
+        base = ipaddress.ip_network(LAN_SUBNET).network_address
+        held = allocations(self.cluster, POOLS_NAMESPACE, pool_name(LAN_SUBNET))
+        return sorted(str(base + int(key)) for key in held)
 
     def close(self) -> None:
         """Undo start(), whatever it reached: every step runs; the first error is raised."""

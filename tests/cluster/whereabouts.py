@@ -25,6 +25,8 @@ from cni.errors import CNIError
 from tests.cluster.apiserver import REPO, TOOLS, ApiError, Cluster
 
 CRDS = REPO / "crds" / "whereabouts-crds.yaml"
+IPAMCLAIMS_CRD = REPO / "crds" / "ipamclaims-crd.yaml"
+IPAM_RBAC = REPO / "crds" / "plexus-ipam-rbac.yaml"
 API = "/apis/whereabouts.cni.cncf.io/v1alpha1"
 BINARY = TOOLS / "whereabouts"
 CRD_TIMEOUT = 60.0
@@ -32,9 +34,9 @@ CRD_TIMEOUT = 60.0
 Json = dict[str, Any]
 
 
-def install_crds(cluster: Cluster) -> None:
-    """Apply whereabouts' CRDs (once per control plane) and wait until each takes writes."""
-    docs = [d for d in yaml.safe_load_all(CRDS.read_text()) if d]
+def install_crds(cluster: Cluster, path: Path = CRDS) -> None:
+    """Apply whereabouts' CRDs (those of `path`) and wait until each takes writes."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     for doc in docs:
         cluster.apply(doc)
     deadline = time.monotonic() + CRD_TIMEOUT
@@ -44,13 +46,26 @@ def install_crds(cluster: Cluster) -> None:
             assert time.monotonic() < deadline, f"CRD {name} not established"
             time.sleep(0.1)
         plural = doc["spec"]["names"]["plural"]
+        group_version = f"{doc['spec']['group']}/{doc['spec']['versions'][0]['name']}"
         while True:
             try:
-                cluster.get(f"{API}/{plural}")
+                cluster.get(f"/apis/{group_version}/{plural}")
                 break
             except ApiError as err:
                 assert time.monotonic() < deadline, f"{plural} not served: {err}"
                 time.sleep(0.1)
+
+
+def install_ipam_rbac(cluster: Cluster) -> None:
+    """The daemon service account's rights to the pools (crds/plexus-ipam-rbac.yaml)."""
+    for doc in yaml.safe_load_all(IPAM_RBAC.read_text()):
+        if doc:
+            cluster.apply(doc)
+
+
+def install_ipamclaims_crd(cluster: Cluster) -> None:
+    """The IPAMClaim CRD (crds/ipamclaims-crd.yaml), served."""
+    install_crds(cluster, IPAMCLAIMS_CRD)
 
 
 def _established(cluster: Cluster, name: str) -> bool:

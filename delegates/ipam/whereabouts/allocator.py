@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from ipaddress import ip_interface
@@ -23,8 +23,9 @@ from cni.errors import CNIError, ErrorCode
 from cni.result import IPConfig
 from delegates.ipam.common import CHECK_FAILED, IPAddress
 from delegates.ipam.whereabouts.config import WhereaboutsConfig
+from delegates.ipam.whereabouts.labels import CLAIM_LABEL, NODE_LABEL, POOL_ANNOTATION
 from delegates.ipam.whereabouts.objects import Allocation, Pool, Taken
-from delegates.ipam.whereabouts.pools import NODE_LABEL, POOL_ANNOTATION, PoolStore
+from delegates.ipam.whereabouts.pools import PoolStore
 from delegates.ipam.whereabouts.ranges import IPRange, RangeError, pool_name, reservation_name
 
 log = logging.getLogger("plexus.ipam")
@@ -65,8 +66,15 @@ class Allocator:
 
     # ---- ADD -----------------------------------------------------------------
 
-    def allocate(self, cfg: WhereaboutsConfig, container_id: str, ifname: str) -> list[IPConfig]:
-        """One address per range (the container's own if it holds one already)."""
+    def allocate(
+        self,
+        cfg: WhereaboutsConfig,
+        container_id: str,
+        ifname: str,
+        labels: Mapping[str, str] | None = None,
+    ) -> list[IPConfig]:
+        """One address per range (the container's own if it holds one already); `labels`
+        go on the reservations too."""
         if not cfg.pod_name:
             raise CNIError(ErrorCode.INVALID_ENV, "IPAM client initialization error: no pod name")
         if cfg.node_slice_size:
@@ -78,7 +86,7 @@ class Allocator:
         held: list[Held] = []
         try:
             for rng in cfg.ranges:
-                held.append(self._allocate_one(cfg, rng, container_id, ifname))
+                held.append(self._allocate_one(cfg, rng, container_id, ifname, labels or {}))
         except BaseException:
             for done in held:
                 try:
@@ -86,18 +94,15 @@ class Allocator:
                 except Exception as exc:
                     log.warning("whereabouts: undoing a partial allocation failed: %s", exc)
             raise
-        return [
-            IPConfig(
-                address=ip_interface(f"{h.address}/{h.range.network.prefixlen}"),
-                gateway=cfg.gateway
-                if cfg.gateway is not None and cfg.gateway.version == h.range.network.version
-                else None,
-            )
-            for h in held
-        ]
+        return [ip_config(cfg, h.range, h.value) for h in held]
 
     def _allocate_one(
-        self, cfg: WhereaboutsConfig, rng: IPRange, container_id: str, ifname: str
+        self,
+        cfg: WhereaboutsConfig,
+        rng: IPRange,
+        container_id: str,
+        ifname: str,
+        labels: Mapping[str, str],
     ) -> Held:
         name = _object_name(pool_name(rng.cidr, cfg.network_name), cfg)
         entry = Allocation(container_id, cfg.podref, ifname)
@@ -117,7 +122,7 @@ class Allocator:
                 if value is None:
                     raise CNIError(ErrorCode.TRY_AGAIN_LATER, rng.exhausted())
                 key = rng.offset(value)
-                outcome = self._write(cfg, pool, key, entry, rng.address(value))
+                outcome = self._write(cfg, pool, key, entry, rng.address(value), labels)
             if outcome == "done":
                 return Held(rng, name, key, value)
             if outcome == "reserved":
@@ -134,7 +139,13 @@ class Allocator:
         return pool
 
     def _write(
-        self, cfg: WhereaboutsConfig, pool: Pool, key: str, entry: Allocation, addr: IPAddress
+        self,
+        cfg: WhereaboutsConfig,
+        pool: Pool,
+        key: str,
+        entry: Allocation,
+        addr: IPAddress,
+        labels: Mapping[str, str],
     ) -> str:
         """The pool write and (overlapping) the reservation, at once: "done", "taken" (the
         pool's key was), or "reserved" (the address is held in an overlapping range)."""
@@ -150,7 +161,7 @@ class Allocator:
             self.store.reserve,
             name,
             spec,
-            {NODE_LABEL: self.node},
+            {NODE_LABEL: self.node, **labels},
             {POOL_ANNOTATION: pool.name},
         )
         written: Pool | None = None
@@ -306,6 +317,8 @@ class Allocator:
             cid, ifname = str(spec.get("containerid", "")), str(spec.get("ifname", ""))
             if not cid or not pool or (pools is not None and pool not in pools):
                 continue
+            if CLAIM_LABEL in (meta.get("labels") or {}):
+                continue  # an IPAMClaim's: released when the claim is deleted
             if not dead(node, cid, ifname):
                 continue
             self._free(pool, cid, ifname)
@@ -319,7 +332,7 @@ class Allocator:
 
     def pools_of(self, cfg: WhereaboutsConfig) -> set[str]:
         """The names of the config's pools."""
-        return {_object_name(pool_name(r.cidr, cfg.network_name), cfg) for r in cfg.ranges}
+        return {pool_of(cfg, r) for r in cfg.ranges}
 
     # ---- shared ----------------------------------------------------------------
 
@@ -372,3 +385,24 @@ def _object_name(name: str, cfg: WhereaboutsConfig) -> str:
             "lower-case DNS subdomains",
         )
     return name
+
+
+def ip_config(cfg: WhereaboutsConfig, rng: IPRange, value: int) -> IPConfig:
+    """Address `value` of `rng` as an ADD result gives it (the gateway when its family)."""
+    gateway = cfg.gateway
+    if gateway is not None and gateway.version != rng.network.version:
+        gateway = None
+    return IPConfig(
+        address=ip_interface(f"{rng.address(value)}/{rng.network.prefixlen}"), gateway=gateway
+    )
+
+
+def pool_of(cfg: WhereaboutsConfig, rng: IPRange) -> str:
+    """The name of the pool of `rng` (a config error if the API server would refuse it)."""
+    return _object_name(pool_name(rng.cidr, cfg.network_name), cfg)
+
+
+def reservation_of(cfg: WhereaboutsConfig, addr: IPAddress) -> str:
+    """The name of the reservation of `addr` (a config error if the API server would
+    refuse it)."""
+    return _object_name(reservation_name(addr, cfg.network_name), cfg)

@@ -4,7 +4,8 @@
 names), its node name and the namespace the pools live in (whereabouts' default is
 kube-system); delegates.builtin runs it wherever a hosted plugin's `ipam.type` is
 `whereabouts`. Verbs: ADD allocates (one address per range) and returns them with the
-config's static addresses, routes and DNS; DEL releases by container ID + interface;
+config's static addresses, routes and DNS (with an IPAMClaim named: the claim's, see
+claims.py); DEL releases by container ID + interface;
 CHECK reads the pools afresh and finds the allocation there; GC releases this node's
 allocations missing from `cni.dev/valid-attachments`; STATUS says whether the API server
 takes a pool write (a dry run, answered from cache for STATUS_SECONDS).
@@ -20,9 +21,11 @@ from typing import Any
 from cni import callscope
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
-from cni.result import Result
+from cni.result import IPConfig, Result
 from delegates.ipam.whereabouts.allocator import Allocator
+from delegates.ipam.whereabouts.claims import Claims, adopt, claim_reference
 from delegates.ipam.whereabouts.config import WhereaboutsConfig, load_config
+from delegates.ipam.whereabouts.labels import CLAIM_LABEL
 from delegates.ipam.whereabouts.objects import GROUP_VERSION
 from delegates.ipam.whereabouts.pools import PoolStore
 from kube.api import KubeAPI
@@ -42,6 +45,7 @@ class ClusterIPAM:
         self.node = node
         self.store = PoolStore(api, namespace, watch)
         self.allocator = Allocator(self.store, node)
+        self.claims = Claims(api)
         self._status: tuple[float, CNIError | None] = (0.0, None)
         self._status_lock = threading.Lock()
 
@@ -59,7 +63,11 @@ class ClusterIPAM:
 
     def add(self, args: CmdArgs) -> Result:
         cfg = self.config(args)
-        ips = self.allocator.allocate(cfg, args.container_id, args.ifname)
+        claim = claim_reference(_conf(args))
+        if claim:
+            ips = self._claimed(cfg, args, claim)
+        else:
+            ips = self.allocator.allocate(cfg, args.container_id, args.ifname)
         return Result(
             cniVersion=cfg.version,
             ips=[*ips, *cfg.addresses],
@@ -67,8 +75,27 @@ class ClusterIPAM:
             dns=cfg.dns,
         )
 
+    def _claimed(self, cfg: WhereaboutsConfig, args: CmdArgs, name: str) -> list[IPConfig]:
+        """The addresses of IPAMClaim `name` (in the pod's namespace): its `status.ips`,
+        else new ones, written there."""
+        claim = self.claims.get(cfg.pod_namespace or "default", name)
+        if (claim.get("status") or {}).get("ips"):
+            return adopt(self.allocator, cfg, args.container_id, args.ifname, claim)
+        labels = {CLAIM_LABEL: claim["metadata"]["uid"]}
+        ips = self.allocator.allocate(cfg, args.container_id, args.ifname, labels)
+        try:
+            pools = sorted(self.allocator.pools_of(cfg))
+            self.claims.record(claim, [str(ip.address) for ip in ips], cfg.pod_name, pools)
+        except BaseException:
+            self.allocator.release(cfg, args.container_id, args.ifname)
+            raise
+        return ips
+
     def delete(self, args: CmdArgs) -> None:
-        self.allocator.release(self.config(args), args.container_id, args.ifname)
+        """Release the container's addresses, unless an IPAMClaim holds them."""
+        cfg = self.config(args)
+        if not claim_reference(_conf(args)):
+            self.allocator.release(cfg, args.container_id, args.ifname)
 
     def check(self, args: CmdArgs) -> None:
         prev = _conf(args).get("prevResult")

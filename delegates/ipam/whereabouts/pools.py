@@ -34,10 +34,6 @@ from kube.writes import retriable
 
 log = logging.getLogger("plexus.ipam")
 
-NODE_LABEL = "ipam.plexus.io/node"
-"""On the reservations Plexus makes: the node whose daemon made the allocation."""
-POOL_ANNOTATION = "ipam.plexus.io/pool"
-"""On the reservations Plexus makes: the pool holding the allocation."""
 JSON_PATCH = "application/json-patch+json"
 
 
@@ -134,6 +130,10 @@ class PoolStore:
     def add(self, pool: Pool, key: str, entry: Allocation) -> Pool:
         """Write `entry` at `key` if the key is still free; Taken if it is not."""
         return self._change(pool.name, Change(key, None, entry.body()))
+
+    def put(self, pool: Pool, key: str, entry: Allocation) -> Pool:
+        """Write `entry` at `key` if the key still holds what `pool` shows; Taken if not."""
+        return self._change(pool.name, Change(key, pool.allocations.get(key), entry.body()))
 
     def remove(self, pool: Pool, key: str) -> Pool:
         """Drop the allocation at `key` if it is still the one `pool` holds; Taken if not."""

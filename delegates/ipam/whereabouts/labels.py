@@ -1,0 +1,16 @@
+"""The names Plexus marks whereabouts' objects and IPAMClaims with (light to import: the
+daemon checks for them before it loads the IPAM)."""
+
+NODE_LABEL = "ipam.plexus.io/node"
+"""On the reservations Plexus makes: the node whose daemon made the allocation."""
+POOL_ANNOTATION = "ipam.plexus.io/pool"
+"""On the reservations Plexus makes: the pool holding the allocation."""
+CLAIM_LABEL = "ipam.plexus.io/claim"
+"""On the reservations of an IPAMClaim's addresses: the claim's UID."""
+CLAIM_FINALIZER = "ipam.plexus.io/release"
+"""On the IPAMClaims Plexus allocated for: their addresses are released before they go."""
+CLAIM_POOLS_ANNOTATION = "ipam.plexus.io/pools"
+"""On those IPAMClaims: the pools holding their addresses."""
+RESERVATIONS = "overlappingrangeipreservations"
+IPAMCLAIMS_PATH = "/apis/k8s.cni.cncf.io/v1alpha1/ipamclaims"
+"""Every namespace's IPAMClaims."""
