@@ -176,7 +176,11 @@ class DaemonIPAM:
         if not gone:
             return 0
         log.info("releasing the addresses of deleted nodes", extra={"nodes": sorted(gone)})
-        return self.ipam.allocator.collect(lambda node, _cid, _if: node in gone, NODE_LABEL)
+        released = self.ipam.allocator.collect(lambda node, _cid, _if: node in gone, NODE_LABEL)
+        slices = self.ipam.allocator.slices
+        for node in sorted(gone) if slices is not None else []:
+            slices.free(node)  # their slices, emptied above, go to the next node to ask
+        return released
 
     def release_deleted_claims(self, claims: list[dict[str, Any]]) -> int:
         """Free the addresses of IPAMClaims being deleted, then let the claims go."""

@@ -30,6 +30,7 @@ from meta.records import AttachmentRecord, RecordStore
 from meta.sources.kube import KubeSource
 from tests.cluster.apiserver import ApiError, Cluster
 from tests.cluster.whereabouts import (
+    API,
     WhereaboutsBinary,
     allocations,
     binary_missing,
@@ -554,3 +555,53 @@ def test_an_ipamclaim_keeps_its_address_across_pods_until_it_is_deleted(
         call("ADD", claimed, "c4", "virt-c")
     assert info.value.code == ErrorCode.TRY_AGAIN_LATER
     assert "IPAMClaim" in info.value.msg and "does not exist" in info.value.msg
+
+
+# ---- node slices ------------------------------------------------------------------------
+
+
+def test_node_slices_give_each_node_a_pool_of_its_own(
+    crds: Cluster, namespace: str, whereabouts: WhereaboutsBinary
+) -> None:
+    conf = ipam_conf(
+        {
+            "type": "whereabouts",
+            "range": "10.40.0.0/22",
+            "node_slice_size": "/24",
+            "network_name": "big",
+            "exclude": ["10.40.0.1"],  # dropped with node slices, as whereabouts does
+        }
+    )
+    api = KubeAPI(str(crds.kubeconfig))
+    node_a = ClusterIPAM(api, "node-a", namespace, watch=False)
+    node_b = ClusterIPAM(api, "node-b", namespace, watch=False)
+    # a slice's addresses keep the range's prefix: pods on all nodes share one subnet
+    assert add(node_a, conf, "a1") == ["10.40.0.1/22"]
+    assert add(node_b, conf, "b1") == ["10.40.1.1/22"]
+    assert add(node_a, conf, "a2") == ["10.40.0.2/22"]
+    slices = crds.get(f"{API}/namespaces/{namespace}/nodeslicepools/big")
+    assert slices["spec"] == {"range": "10.40.0.0/22", "sliceSize": "/24"}
+    assert slices["status"]["allocations"] == [
+        {"nodeName": "node-a", "sliceRange": "10.40.0.0/24"},
+        {"nodeName": "node-b", "sliceRange": "10.40.1.0/24"},
+        {"nodeName": "", "sliceRange": "10.40.2.0/24"},
+        {"nodeName": "", "sliceRange": "10.40.3.0/24"},
+    ]
+    assert held(crds, namespace, "big-node-a-10.40.0.0-24", "10.40.0.0") == {
+        "10.40.0.1": "a1",
+        "10.40.0.2": "a2",
+    }
+    # whereabouts on node-a finds node-a's slice and shares its pool
+    out = whereabouts.run(ipam_args("ADD", conf, "w1"), node="node-a")
+    assert [ip["address"] for ip in out["ips"]] == ["10.40.0.3/22"]
+    dispatch(node_a, ipam_args("DEL", conf, "a1"))
+    assert sorted(held(crds, namespace, "big-node-a-10.40.0.0-24", "10.40.0.0")) == [
+        "10.40.0.2",
+        "10.40.0.3",
+    ]
+    # a deleted node's slice goes to the next node that asks
+    assert node_a.allocator.slices is not None
+    assert node_a.allocator.slices.free("node-b") == 1
+    node_c = ClusterIPAM(api, "node-c", namespace, watch=False)
+    # (node-b's own allocation was not released here, and its reservation keeps .1)
+    assert add(node_c, conf, "c1") == ["10.40.1.2/22"]

@@ -151,13 +151,15 @@ class WhereaboutsBinary:
         ipam = {**conf["ipam"], "configuration_path": str(self.flat_file)}
         return {**conf, "ipam": ipam}
 
-    def run(self, args: CmdArgs) -> Json:
-        """One call; the ADD result ({} for other verbs); CNIError if it failed."""
+    def run(self, args: CmdArgs, node: str = "") -> Json:
+        """One call (as node `node`: its NODENAME); the ADD result ({} for other verbs);
+        CNIError if it failed."""
         env: Mapping[str, str] = {
             **cni_env(
                 args.command, args.container_id, args.netns, args.ifname, args.args, args.path
             ),
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            **({"NODENAME": node} if node else {}),
         }
         stdin = json.dumps(self.conf(json.loads(args.stdin))).encode()
         done = subprocess.run(

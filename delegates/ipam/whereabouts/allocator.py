@@ -27,6 +27,7 @@ from delegates.ipam.whereabouts.labels import CLAIM_LABEL, NODE_LABEL, POOL_ANNO
 from delegates.ipam.whereabouts.objects import Allocation, Pool, Taken
 from delegates.ipam.whereabouts.pools import PoolStore
 from delegates.ipam.whereabouts.ranges import IPRange, RangeError, pool_name, reservation_name
+from delegates.ipam.whereabouts.slices import Slices
 
 log = logging.getLogger("plexus.ipam")
 
@@ -56,9 +57,10 @@ class Held:
 class Allocator:
     """Allocation over one PoolStore, for the daemon of node `node`."""
 
-    def __init__(self, store: PoolStore, node: str) -> None:
+    def __init__(self, store: PoolStore, node: str, slices: Slices | None = None) -> None:
         self.store = store
         self.node = node
+        self.slices = slices
         self._side = ThreadPoolExecutor(max_workers=SIDE_THREADS, thread_name_prefix="ipam")
 
     def close(self) -> None:
@@ -77,16 +79,10 @@ class Allocator:
         go on the reservations too."""
         if not cfg.pod_name:
             raise CNIError(ErrorCode.INVALID_ENV, "IPAM client initialization error: no pod name")
-        if cfg.node_slice_size:
-            raise CNIError(
-                ErrorCode.INVALID_CONFIG,
-                f"whereabouts: node_slice_size {cfg.node_slice_size!r} is not served in process",
-                "list whereabouts in the daemon's execDelegates to run the binary for it",
-            )
         held: list[Held] = []
         try:
-            for rng in cfg.ranges:
-                held.append(self._allocate_one(cfg, rng, container_id, ifname, labels or {}))
+            for rng, name in self.ranges_of(cfg):
+                held.append(self._allocate_one(cfg, rng, name, container_id, ifname, labels or {}))
         except BaseException:
             for done in held:
                 try:
@@ -100,11 +96,11 @@ class Allocator:
         self,
         cfg: WhereaboutsConfig,
         rng: IPRange,
+        name: str,
         container_id: str,
         ifname: str,
         labels: Mapping[str, str],
     ) -> Held:
-        name = _object_name(pool_name(rng.cidr, cfg.network_name), cfg)
         entry = Allocation(container_id, cfg.podref, ifname)
         elsewhere: set[int] = set()  # held in an overlapping range (a reservation says so)
         pool = self._pool(name, rng)
@@ -212,16 +208,14 @@ class Allocator:
 
     def release(self, cfg: WhereaboutsConfig, container_id: str, ifname: str) -> None:
         """Free what the container+interface holds in each range (nothing held: success)."""
-        for rng in cfg.ranges:
-            held = self.holding(cfg, rng, container_id, ifname)
+        for rng, name in self.ranges_of(cfg):
+            held = self.holding(rng, name, container_id, ifname)
             if held is not None:
                 self._release_one(cfg, held, container_id, ifname)
 
-    def holding(
-        self, cfg: WhereaboutsConfig, rng: IPRange, container_id: str, ifname: str
-    ) -> Held | None:
-        """The container+interface's address in `rng`, read afresh when the cache has none."""
-        name = _object_name(pool_name(rng.cidr, cfg.network_name), cfg)
+    def holding(self, rng: IPRange, name: str, container_id: str, ifname: str) -> Held | None:
+        """The container+interface's address in `rng` (pool `name`), read afresh when the
+        cache has none."""
         pool = self.store.get(name, rng.cidr, create=False)
         key = pool.find(container_id, ifname) if pool is not None else None
         if key is None:
@@ -279,8 +273,7 @@ class Allocator:
     ) -> None:
         """Each range's pool holds the container+interface's address (and the previous
         result, when given, reports it); CNIError(100) naming what is missing."""
-        for rng in cfg.ranges:
-            name = _object_name(pool_name(rng.cidr, cfg.network_name), cfg)
+        for rng, name in self.ranges_of(cfg):
             pool = self.store.refresh(name)
             key = pool.find(container_id, ifname) if pool is not None else None
             value = rng.from_offset(key) if key is not None else None
@@ -332,7 +325,18 @@ class Allocator:
 
     def pools_of(self, cfg: WhereaboutsConfig) -> set[str]:
         """The names of the config's pools."""
-        return {pool_of(cfg, r) for r in cfg.ranges}
+        return {name for _, name in self.ranges_of(cfg)}
+
+    def ranges_of(self, cfg: WhereaboutsConfig) -> list[tuple[IPRange, str]]:
+        """The ranges to allocate from, each with its pool's name: the config's, or with
+        node slices this node's slice (whereabouts/slices.py)."""
+        if not cfg.node_slice_size:
+            return [(r, pool_of(cfg, r)) for r in cfg.ranges]
+        if self.slices is None:
+            raise CNIError(ErrorCode.INVALID_CONFIG, "node_slice_size needs the node's name")
+        mine = self.slices.range_of(cfg)
+        name = _object_name(pool_name(mine.cidr, cfg.network_name, self.node), cfg)
+        return [(mine, name)]
 
     # ---- shared ----------------------------------------------------------------
 
@@ -393,7 +397,7 @@ def ip_config(cfg: WhereaboutsConfig, rng: IPRange, value: int) -> IPConfig:
     if gateway is not None and gateway.version != rng.network.version:
         gateway = None
     return IPConfig(
-        address=ip_interface(f"{rng.address(value)}/{rng.network.prefixlen}"), gateway=gateway
+        address=ip_interface(f"{rng.address(value)}/{rng.prefixlen}"), gateway=gateway
     )
 
 

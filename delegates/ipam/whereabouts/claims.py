@@ -22,7 +22,6 @@ from delegates.ipam.whereabouts.allocator import (
     ATTEMPTS,
     Allocator,
     ip_config,
-    pool_of,
     reservation_of,
 )
 from delegates.ipam.whereabouts.config import WhereaboutsConfig
@@ -138,7 +137,7 @@ def adopt(
             claimed.append(ip_interface(str(text)).ip)
     entry = Allocation(container_id, cfg.podref, ifname)
     out = []
-    for rng in cfg.ranges:
+    for rng, name in allocator.ranges_of(cfg):
         addr = next(
             (a for a in claimed if a.version == rng.network.version and a in rng.network), None
         )
@@ -147,7 +146,7 @@ def adopt(
                 ErrorCode.INVALID_CONFIG,
                 f"IPAMClaim {meta['namespace']}/{meta['name']} has no address in range {rng.cidr}",
             )
-        _hold(allocator, cfg, rng, addr, entry, meta["uid"])
+        _hold(allocator, cfg, rng, name, addr, entry, meta["uid"])
         out.append(ip_config(cfg, rng, int(addr)))
     return out
 
@@ -156,13 +155,14 @@ def _hold(
     allocator: Allocator,
     cfg: WhereaboutsConfig,
     rng: IPRange,
+    name: str,
     addr: IPAddress,
     entry: Allocation,
     uid: str,
 ) -> None:
     """Make the pool give `addr` to `entry`: the claim's reservation proves the address is
     the claim's (without overlapping ranges, an entry of the pod's namespace does)."""
-    store, name, key = allocator.store, pool_of(cfg, rng), rng.offset(int(addr))
+    store, key = allocator.store, rng.offset(int(addr))
     if cfg.overlapping:
         reserved = reservation_of(cfg, addr)
         labels = {NODE_LABEL: allocator.node, CLAIM_LABEL: uid}

@@ -28,6 +28,7 @@ from delegates.ipam.whereabouts.config import WhereaboutsConfig, load_config
 from delegates.ipam.whereabouts.labels import CLAIM_LABEL
 from delegates.ipam.whereabouts.objects import GROUP_VERSION
 from delegates.ipam.whereabouts.pools import PoolStore
+from delegates.ipam.whereabouts.slices import Slices
 from kube.api import KubeAPI
 
 DEFAULT_NAMESPACE = "kube-system"
@@ -44,7 +45,8 @@ class ClusterIPAM:
         self.api = api
         self.node = node
         self.store = PoolStore(api, namespace, watch)
-        self.allocator = Allocator(self.store, node)
+        slices = Slices(api, namespace, node) if node else None
+        self.allocator = Allocator(self.store, node, slices)
         self.claims = Claims(api)
         self._status: tuple[float, CNIError | None] = (0.0, None)
         self._status_lock = threading.Lock()

@@ -36,6 +36,14 @@ class IPRange:
     range_start: IPAddress | None = None
     range_end: IPAddress | None = None
     exclude: tuple[str, ...] = ()
+    subnet_prefix: int = 0
+    """The prefix length addresses are given with, when not the network's: a node slice's
+    addresses keep the whole range's (the slice is where they come from, not their subnet)."""
+
+    @property
+    def prefixlen(self) -> int:
+        """The prefix length of the addresses this range gives."""
+        return self.subnet_prefix or self.network.prefixlen
 
     @property
     def cidr(self) -> str:
