@@ -72,13 +72,12 @@ class DaemonIPAM:
 
     @property
     def ipam(self) -> ClusterIPAM:
-        """The IPAM, made and started (its pool watch) on first use."""
+        """The IPAM, made on first use (its pool watch starts with its first shared pool)."""
         with self._lock:
             if self._ipam is None:
                 from delegates.ipam.whereabouts.plugin import ClusterIPAM
 
                 self._ipam = ClusterIPAM(self.source.api, self.node, self.namespace)
-                self._ipam.start()
             return self._ipam
 
     def start(self, metrics: Metrics) -> None:
@@ -178,8 +177,9 @@ class DaemonIPAM:
         log.info("releasing the addresses of deleted nodes", extra={"nodes": sorted(gone)})
         released = self.ipam.allocator.collect(lambda node, _cid, _if: node in gone, NODE_LABEL)
         slices = self.ipam.allocator.slices
-        for node in sorted(gone) if slices is not None else []:
-            slices.free(node)  # their slices, emptied above, go to the next node to ask
+        if slices is not None:
+            for node in sorted(gone):
+                slices.free(node)  # their slices, emptied above, go to the next node to ask
         return released
 
     def release_deleted_claims(self, claims: list[dict[str, Any]]) -> int:

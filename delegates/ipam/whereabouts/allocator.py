@@ -103,7 +103,7 @@ class Allocator:
     ) -> Held:
         entry = Allocation(container_id, cfg.podref, ifname)
         elsewhere: set[int] = set()  # held in an overlapping range (a reservation says so)
-        pool = self._pool(name, rng)
+        pool = self._pool(name, rng, not cfg.node_slice_size)
         for _ in range(ATTEMPTS):
             key = pool.find(container_id, ifname)
             value = rng.from_offset(key) if key is not None else None
@@ -123,14 +123,14 @@ class Allocator:
                 return Held(rng, name, key, value)
             if outcome == "reserved":
                 elsewhere.add(value)
-            pool = self.store.refresh(name) or self._pool(name, rng)
+            pool = self.store.refresh(name) or self._pool(name, rng, not cfg.node_slice_size)
         raise CNIError(
             ErrorCode.TRY_AGAIN_LATER,
             f"whereabouts: no address written to IPPool {name} after {ATTEMPTS} attempts",
         )
 
-    def _pool(self, name: str, rng: IPRange) -> Pool:
-        pool = self.store.get(name, rng.cidr)
+    def _pool(self, name: str, rng: IPRange, shared: bool) -> Pool:
+        pool = self.store.get(name, rng.cidr, shared=shared)
         assert pool is not None  # get() creates it
         return pool
 
@@ -216,7 +216,7 @@ class Allocator:
     def holding(self, rng: IPRange, name: str, container_id: str, ifname: str) -> Held | None:
         """The container+interface's address in `rng` (pool `name`), read afresh when the
         cache has none."""
-        pool = self.store.get(name, rng.cidr, create=False)
+        pool = self.store.get(name, rng.cidr, create=False, shared=False)
         key = pool.find(container_id, ifname) if pool is not None else None
         if key is None:
             pool = self.store.refresh(name)
@@ -237,7 +237,7 @@ class Allocator:
         """Remove the container+interface's allocation from pool `name` (read afresh when
         the cache does not show it); the entry removed, None if there was none."""
         for _ in range(ATTEMPTS):
-            pool = self.store.get(name, "", create=False)
+            pool = self.store.get(name, "", create=False, shared=False)
             if pool is None or pool.find(container_id, ifname) is None:
                 pool = self.store.refresh(name)
             key = pool.find(container_id, ifname) if pool is not None else None
@@ -396,9 +396,7 @@ def ip_config(cfg: WhereaboutsConfig, rng: IPRange, value: int) -> IPConfig:
     gateway = cfg.gateway
     if gateway is not None and gateway.version != rng.network.version:
         gateway = None
-    return IPConfig(
-        address=ip_interface(f"{rng.address(value)}/{rng.prefixlen}"), gateway=gateway
-    )
+    return IPConfig(address=ip_interface(f"{rng.address(value)}/{rng.prefixlen}"), gateway=gateway)
 
 
 def pool_of(cfg: WhereaboutsConfig, rng: IPRange) -> str:

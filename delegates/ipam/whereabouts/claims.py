@@ -174,7 +174,7 @@ def _hold(
             if ((obj.get("metadata") or {}).get("labels") or {}).get(CLAIM_LABEL) != uid:
                 raise _held_elsewhere(addr, (obj.get("spec") or {}).get("podref", "?")) from None
     for _ in range(ATTEMPTS):
-        pool = store.get(name, rng.cidr)
+        pool = store.get(name, rng.cidr, shared=not cfg.node_slice_size)
         assert pool is not None  # get() creates it
         current = pool.entry(key)
         if current == entry:

@@ -50,11 +50,17 @@ class PoolStore:
         self._written: dict[str, Pool] = {}
         self._batches = Batches(self._send, self.refresh)
         self._inflight: dict[str, set[int]] = {}
+        self._watching = False
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        if self.informer is not None:
-            self.informer.start()
+        """Start watching the namespace's pools (once; get() starts it when a shared pool
+        is first read: a node-slice network's pools are this node's own and need none)."""
+        with self._lock:
+            if self.informer is None or self._watching:
+                return
+            self._watching = True
+        self.informer.start()
 
     def stop(self) -> None:
         if self.informer is not None:
@@ -73,9 +79,12 @@ class PoolStore:
 
     # ---- pools ---------------------------------------------------------------
 
-    def get(self, name: str, cidr: str, create: bool = True) -> Pool | None:
+    def get(self, name: str, cidr: str, create: bool = True, shared: bool = True) -> Pool | None:
         """The pool as last seen; read from the API server when the watch has not synced,
-        created (empty) when it does not exist and `create` is set."""
+        created (empty) when it does not exist and `create` is set. A `shared` pool (other
+        nodes write it) starts the watch."""
+        if shared:
+            self.start()
         cached = self._cached(name)
         if cached is not None:
             return cached
