@@ -39,6 +39,7 @@ bench: setup
 	$(PY) -m tests.bench.bench_instructions --adds 20
 	$(PY) -m tests.bench.bench_deviceplugin --runs 30
 	$(PY) -m tests.bench.bench_dra --runs 50
+	$(PY) -m tests.bench.bench_provision --runs 10
 	$(PY) -m tests.bench.bench_whereabouts --runs 30 --burst 100
 
 lint: setup

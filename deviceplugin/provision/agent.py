@@ -47,6 +47,8 @@ DEFAULT_NAMESPACE = "sriov-network-operator"
 CRS = "/apis/sriovnetwork.openshift.io/v1/namespaces/{ns}/{plural}"
 WATCH_SECONDS = 300
 COMPONENT = "plexus-sriov"
+# Answers that retrying soon will not change (no CRDs installed, no RBAC): wait a resync.
+REFUSED = (401, 403, 404)
 
 log = logging.getLogger("plexus.provision")
 
@@ -164,7 +166,11 @@ class ProvisionAgent:
                 result = self.run_pass()
                 if result.waiting:
                     delay = self.options.retry_seconds
-            except (APIError, OSError, ValueError) as exc:
+            except APIError as exc:
+                if exc.status not in REFUSED:
+                    delay = self.options.retry_seconds  # the server had a moment: soon again
+                log.warning("provisioning pass failed: %s", exc)
+            except (OSError, ValueError) as exc:
                 log.warning("provisioning pass failed (retrying): %s", exc)
                 delay = self.options.retry_seconds
             self._wake.wait(delay)
@@ -181,7 +187,10 @@ class ProvisionAgent:
                     self.wake()
             except (APIError, OSError, ValueError) as exc:
                 log.debug("watch %s: %s", path, exc)
-                self._stop.wait(self.options.retry_seconds)
+                refused = isinstance(exc, APIError) and exc.status in REFUSED
+                self._stop.wait(
+                    self.options.resync_seconds if refused else self.options.retry_seconds
+                )
 
     # -- one pass -------------------------------------------------------------------------
 

@@ -104,7 +104,6 @@ class LabelSelector(_Model):
 class PoolSpec(_Model):
     node_selector: LabelSelector | None = Field(None, alias="nodeSelector")
     max_unavailable: int | str | None = Field(None, alias="maxUnavailable")
-    rdma_mode: str = Field("", alias="rdmaMode")
 
 
 class PoolConfig(_Model):

@@ -101,13 +101,15 @@ class NodeProvisioner:
                 self.records.remove(pci)
             result.allocations = self.allocations.read(devices)
             result.waiting.clear()
-            again = False
+            wrote = again = False
             for p in plans.pfs:
                 now = self._now(p, records.get(p.pci), result, rebound)
                 if not now.empty:
                     again |= self._apply(now, devices, records.get(p.pci), result)
                     rebound |= {vf for vf, _ in now.binds}
-            devices = self.discover()
+                    wrote = True
+            if wrote:  # sysfs is read again only after writes
+                devices = self.discover()
             if not again:
                 break
         self._mark_applied(result.desired, devices)

@@ -1,7 +1,9 @@
 """`plexus deviceplugin --provision`: the agent wired to the device plugin that serves its pools.
 
-The device plugin's resources are then the policies' (after those of a `--config` file, if
-one is given, whose names the policies cannot take over). The agent boots (the recorded
+The device plugin's resources are then the policies', then those of a `--config` file if one
+is given: a device goes to the first resource that selects it, so a policy's exact VFs are
+never taken by a broad `config.json` selector, and `config.json` keeps its names (a policy
+resource of the same name is not served). The agent boots (the recorded
 configs applied) before the device plugin serves, so after a reboot nothing is advertised
 before its VFs exist; its pools reach the device plugin through `set_config`, and each of
 the device plugin's scans tells the agent when PFs or VFs changed.
@@ -39,7 +41,7 @@ def provisioning_agent(
         if clash:
             log.error("resources %s are in --config already: the policies' are not served", clash)
         mine = [r for r in resources if r.full_name not in taken]
-        runner.set_config(DevicePluginConfig(resource_list=[*static.resource_list, *mine]))
+        runner.set_config(DevicePluginConfig(resource_list=[*mine, *static.resource_list]))
 
     options = ProvisionOptions(
         node_name=args.node_name,

@@ -21,13 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 import deviceplugin.provision.agent as agent_module
 from deviceplugin.provision.evict import evict as evict_pod
 from deviceplugin.provision.leases import LeaseSlots
 from tests.cluster import sriov
-from tests.cluster.apiserver import ApiError, Cluster
+from tests.cluster.apiserver import REPO, ApiError, Cluster
 from tests.cluster.sriov import NAMESPACE, AgentNode, run_pod
+from tests.docs import blocks
 from tests.unit.deviceplugin.fake_kernel import vf_address
 from tests.wait import wait_for
 
@@ -281,3 +283,36 @@ def test_two_nodes_of_a_pool_with_max_unavailable_1_never_disrupt_together(
     assert first[1] <= second[0], f"disruption windows overlap: {windows}"
     for node in pair:
         assert node.state()["status"]["syncStatus"] == "Succeeded"
+
+
+def test_the_docs_example_is_what_the_agent_writes(
+    crds: Cluster, nodes: Callable[..., AgentNode]
+) -> None:
+    """docs/sriov.md's "Provisioning VFs" policies and SriovNetwork, applied as they are:
+    the NAD and the node state the agent writes are the ones the page shows."""
+    shown: dict[str, list[Json]] = {}
+    for block in blocks([REPO / "docs" / "sriov.md"]):
+        if block.lang == "yaml" and block.heading == "Provisioning VFs":
+            for doc in yaml.safe_load_all(block.text):
+                shown.setdefault(doc["kind"], []).append(doc)
+    node = nodes(**shown["SriovNetworkNodePolicy"][0]["spec"]["nodeSelector"])
+    (net,) = shown["SriovNetwork"]
+    crds.create_namespace(net["spec"]["networkNamespace"])
+    for obj in (*shown["SriovNetworkNodePolicy"], net):
+        crds.apply(obj)
+    try:
+        node.agent.run_pass()
+        (nad,) = shown["NetworkAttachmentDefinition"]
+        meta = nad["metadata"]
+        written = crds.get(f"{sriov.NADS.format(ns=meta['namespace'])}/{meta['name']}")
+        assert written["metadata"]["annotations"] == meta["annotations"]
+        assert written["spec"] == nad["spec"]
+        (state,) = shown["SriovNetworkNodeState"]
+        found = node.state()
+        assert found["metadata"]["annotations"] == state["metadata"]["annotations"]
+        assert (found["spec"], found["status"]) == (state["spec"], state["status"])
+    finally:
+        crds.request("DELETE", f"{sriov.NETWORKS.format(ns=NAMESPACE)}/{net['metadata']['name']}")
+        node.agent.run_pass()  # the finalizer: the NAD goes, then the SriovNetwork
+        for obj in shown["SriovNetworkNodePolicy"]:
+            crds.request("DELETE", f"{sriov.POLICIES}/{obj['metadata']['name']}")

@@ -96,6 +96,12 @@ def test_max_unavailable_is_a_count_or_a_percentage(
     assert (why == "") == ok, why
 
 
+def test_what_needs_a_kernel_argument_is_refused(crds: Cluster) -> None:
+    pool = sriov.pool_config("pool", 1, {"pool": "a"})
+    pool["spec"]["rdmaMode"] = "exclusive"
+    assert "rdmaMode is not supported by Plexus" in refusal(crds, pool)
+
+
 def test_an_infiniband_network_is_refused_loudly(crds: Cluster) -> None:
     ib = sriov.network("ib", resourceName="mlxnics")
     ib["kind"] = "SriovIBNetwork"

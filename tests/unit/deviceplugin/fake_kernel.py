@@ -22,6 +22,10 @@ def vf_address(pf: str, index: int) -> str:
     return f"{pf[:8]}{slot:02x}.{index % 8}"
 
 
+def vf_mac(index: int) -> str:
+    return f"52:54:00:12:35:{index:02x}"
+
+
 class FakeKernel(Host):
     """FAKE host writes on `sysfs`; `writes` logs each one the agent made."""
 
@@ -34,8 +38,9 @@ class FakeKernel(Host):
     def add_pf(self, address: str, netdev: str, totalvfs: int = 7, mtu: int = 1500) -> None:
         self.sysfs.add_pf(
             address, netdev, device="10c9", driver="igb", totalvfs=totalvfs, mtu=mtu,
-            mac="52:54:00:00:00:01", flags=0x1003,
+            mac="52:54:00:12:34:56", flags=0x1003,
         )  # fmt: skip
+        (self.sysfs.dev_dir(address) / "net" / netdev / "speed").write_text("1000\n")
 
     def set_num_vfs(self, pf: str, count: int) -> None:
         numvfs = self.sysfs.dev_dir(pf) / "sriov_numvfs"
@@ -52,7 +57,7 @@ class FakeKernel(Host):
         for index in range(count):
             self.sysfs.add_vf(
                 pf, index, vf_address(pf, index), netdev=f"{netdev}v{index}", device="10ca",
-                driver=VF_DRIVER, mtu=1500, flags=0x1002,
+                driver=VF_DRIVER, mtu=1500, flags=0x1002, mac=vf_mac(index),
                 iommu_group=100 + index if self.iommu_groups else None,
             )  # fmt: skip
 
@@ -78,12 +83,8 @@ class FakeKernel(Host):
         net = dev / "net" / f"{os.listdir(self.sysfs.dev_dir(pf) / 'net')[0]}v{index}"
         if driver == VF_DRIVER and not net.exists():
             net.mkdir(parents=True)
-            for name, value in (
-                ("type", "1"),
-                ("operstate", "up"),
-                ("mtu", "1500"),
-                ("flags", "0x1002"),
-            ):
+            settings = {"type": "1", "operstate": "up", "mtu": "1500", "flags": "0x1002"}
+            for name, value in {**settings, "address": vf_mac(index)}.items():
                 (net / name).write_text(value + "\n")
         elif driver != VF_DRIVER and (dev / "net").exists():
             shutil.rmtree(dev / "net")
