@@ -40,6 +40,7 @@ MOVED = {
     "/var/lib/kubelet/plugins_registry": "plugins_registry",
     "/var/lib/kubelet/plugins": "kubelet-plugins",
     "/var/lib/plexus/dra": "dra-state",
+    "/var/lib/plexus/sriov": "sriov-state",  # provisioning's records
 }
 
 
