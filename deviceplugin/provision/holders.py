@@ -135,4 +135,8 @@ class AllocationReader:
                 problems.append(str(exc))
                 log.warning("allocations from the %s unknown: %s", name, exc)
         self.problem = "; ".join(problems)
-        return combine(*parts)
+        found = combine(*parts)
+        for holders in found.values():
+            if len(holders) > 1:
+                holders.discard(Holder())  # the kernel's guess, once a source names the holder
+        return found

@@ -174,3 +174,17 @@ def test_boot_applies_the_records_before_any_api(node: Node) -> None:
     result = node.prov.boot()
     assert pool(result, "a") == VF[:3]
     assert {d.mtu for d in result.devices if d.is_vf} == {9000}
+
+
+def test_a_vf_in_a_pods_namespace_is_held_even_if_no_kubelet_says_by_whom(node: Node) -> None:
+    node.prov.reconcile([pol(numVfs=2)], {})
+    moved = node.kernel.sysfs.dev_dir(VF[0]) / "net"
+    for netdev in moved.iterdir():  # as when a CNI plugin moved it into a pod
+        for f in netdev.iterdir():
+            f.unlink()
+        netdev.rmdir()
+    result = node.prov.reconcile([pol(numVfs=3)], {})
+    assert result.waiting == {VF[0]: {Holder()}}
+    node.hold(VF[0])  # the kubelet names the pod: the kernel's guess gives way
+    result = node.prov.reconcile([pol(numVfs=3)], {})
+    assert result.waiting == {VF[0]: {Holder("openshift.io/a", "ns", "p1")}}
