@@ -60,6 +60,8 @@ DAEMON_KEYS = frozenset(
         "daemonSocketDir",
         "perNodeCertificate",
         "auxiliaryCNIChainName",
+        "whereaboutsNamespace",
+        "ipamReconcileSeconds",
     }
 )
 """meta.daemon.config.DaemonConfig's own keys (the shim reads socketDir from every call)."""
