@@ -39,10 +39,12 @@ CONTROLLERS = ("kube-controller-manager", "kube-scheduler")
 # What DaemonSets and their pods need: the DaemonSet controller; service-account tokens and
 # the kube-root-ca.crt ConfigMap (a pod's projected token volume); the garbage collector,
 # which deletes a deleted DaemonSet's pods; the ResourceClaim controller, which makes a pod's
-# claims from its ResourceClaimTemplates. Nothing else runs (not the node lifecycle
-# controller: see tests/cluster/twonodes.py).
+# claims from its ResourceClaimTemplates; the namespace controller, which finishes a
+# namespace's deletion (an uninstall's `kubectl delete -k` waits for it). Nothing else runs
+# (not the node lifecycle controller: see tests/cluster/twonodes.py).
 KCM_CONTROLLERS = (
     "daemonset-controller",
+    "namespace-controller",
     "serviceaccount-token-controller",
     "root-ca-certificate-publisher-controller",
     "garbage-collector-controller",

@@ -74,7 +74,13 @@ class NodeMounts:
         _run("unshare", f"--mount={self.file}", "--propagation", "unchanged", "true")
         for point, _ in self._mounts():
             if point != SHARED and SHARED not in point.parents:
-                self._in("mount", "--make-private", str(point))
+                try:
+                    self._in("mount", "--make-private", str(point))
+                except RuntimeError:
+                    # Unmounted on the host since the listing (still shared until made
+                    # private here: a concurrent image build's overlay): nothing to do.
+                    if point in {p for p, _ in self._mounts()}:
+                        raise
         self._in("mount", "--make-shared", "/")
 
     def own_run(self, source: Path) -> None:

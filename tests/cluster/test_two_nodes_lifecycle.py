@@ -5,9 +5,9 @@ Only where Plexus runs from its image (tests/cluster/install.py). Pods are creat
 node's daemon is being replaced or restarted; each must end up Running with eth0 and net1
 (an ADD that finds no daemon fails and the kubelet retries it), never with eth0 alone;
 pods that ran through it keep their interfaces; deleting them all releases every address,
-record and link. Uninstalling as the README says (the manifests deleted, then
-crds/plexus-uninstall.yaml, whose pods run `plexus uninstall-cni`, on every node) leaves
-each node with its primary network only.
+record and link. Uninstalling as docs/install.md says (`kubectl delete -k` the install's
+overlay, then an overlay of crds/uninstall, whose pods run `plexus uninstall-cni`, on
+every node) leaves each node with its primary network only.
 """
 
 from __future__ import annotations

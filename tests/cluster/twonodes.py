@@ -3,11 +3,12 @@
 `TwoNodes.start()` starts kube-controller-manager and kube-scheduler on the session's
 control plane (DaemonSet pods are placed by the scheduler), then two `KubeletNode`s
 (tests/cluster/kubelet.py: each its own node namespace, containerd, kubelet, node name,
-node IP and primary pod subnet) in parallel, without Plexus. A `Lan` joins them: a
-namespace of its own holding the bridge `lan0`, into which each node's uplink (the macvlan
-master `uplink0`) is plugged through its veth peer, so a macvlan on node 1 reaches a macvlan
-on node 2 and no frame leaves the namespaces the test made. `install_plexus()` is the one
-place that puts Plexus on the nodes.
+node IP and primary pod subnet) in parallel, without Plexus. The first runs containerd
+2.x, the second Debian's 1.6: a mixed cluster, as during a runtime upgrade. A `Lan` joins
+them: a namespace of its own holding the bridge `lan0`, into which each node's uplink (the
+macvlan master `uplink0`) is plugged through its veth peer, so a macvlan on node 1 reaches
+a macvlan on node 2 and no frame leaves the namespaces the test made. `install_plexus()` is
+the one place that puts Plexus on the nodes.
 
 The macvlan NAD's IPAM is whereabouts, served in process by each node's daemon: its pool
 is an IPPool on the API server, and the nodes share no IPAM state on disk (each has its
@@ -28,19 +29,21 @@ from pathlib import Path
 from typing import Any
 
 from delegates.ipam.whereabouts.ranges import pool_name
-from meta.daemon.cniconfig import NETWORK_NAME
+from meta.daemon.config import NETWORK_NAME
 from tests.cluster import install, kubelet
 from tests.cluster.apiserver import CONTROLLERS, Cluster, binary
 from tests.cluster.forward import LoopbackForward
 from tests.cluster.kubelet import KubeletNode, network_status, run_all
 from tests.cluster.whereabouts import allocations, install_crds, install_ipam_rbac
 from tests.netns.conftest import Node, sh
+from tests.runtime import containerd as ctrd
 from tests.runtime.conftest import addresses
 
 UPLINK_PEER = "uplink1"  # Node's other end of its uplink veth
 BRIDGE = "lan0"
 # Per node: node IP (on its own `kubenode0`) and primary pod subnet (inside Node.bridge_conf's).
 NODE_ADDRESSES = (("192.0.2.11", "10.99.1.0/24"), ("192.0.2.12", "10.99.2.0/24"))
+RELEASES = (ctrd.BUILT, ctrd.DEBIAN)  # per node: its containerd
 LAN_SUBNET = "10.94.0.0/24"  # the LAN NAD: one whereabouts range for both nodes
 POOLS_NAMESPACE = "kube-system"  # the daemons' whereaboutsNamespace (its default)
 MAX_PODS = 40  # room for pod bursts (an upgrade scenario), the daemons and the test pods
@@ -50,9 +53,11 @@ Json = dict[str, Any]
 
 def missing_binaries() -> list[str]:
     """What the two-node tier needs beyond one kubelet node, if absent."""
-    return kubelet.missing_binaries() + [
-        str(binary(name)) for name in CONTROLLERS if not binary(name).exists()
-    ]
+    return (
+        kubelet.missing_binaries()
+        + ctrd.DEBIAN.missing()
+        + [str(binary(name)) for name in (*CONTROLLERS, "kubectl") if not binary(name).exists()]
+    )
 
 
 class Lan:
@@ -107,8 +112,8 @@ class TwoNodes:
         install_crds(self.cluster)
         install_ipam_rbac(self.cluster)
         self.lan = Lan()
-        for node_ip, pod_subnet in NODE_ADDRESSES:
-            self.nodes.append(KubeletNode(self.cluster, node_ip, pod_subnet, MAX_PODS))
+        for (node_ip, pod_subnet), release in zip(NODE_ADDRESSES, RELEASES, strict=True):
+            self.nodes.append(KubeletNode(self.cluster, node_ip, pod_subnet, MAX_PODS, release))
             self.lan.plug(self.nodes[-1].node, f"port{len(self.nodes) - 1}")
         # One after the other, from this thread: the kubelet's PDEATHSIG follows the thread
         # that started it, so a worker thread's exit would kill it.
@@ -151,7 +156,7 @@ class TwoNodes:
         self.installed = True
 
     def uninstall_plexus(self) -> None:
-        """The DaemonSet deleted and crds/plexus-uninstall.yaml run on every node."""
+        """The install deleted and crds/uninstall run on every node (install.uninstall)."""
         self.installed = False
         try:
             install.uninstall(self.cluster, self.image, self.nodes)

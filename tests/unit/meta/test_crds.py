@@ -1,10 +1,9 @@
-"""The shipped manifests (crds/) and scripts/overlay-crds.py, which tests apply them through."""
+"""The shipped manifests (crds/, a kustomize base; its overlays render in
+tests/cluster/test_kustomize.py)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import yaml
 from meta.daemon.config import DaemonConfig
 
 ROOT = Path(__file__).resolve().parents[3]
-CRDS = sorted((ROOT / "crds").glob("*.yaml"))
+CRDS = sorted(p for p in (ROOT / "crds").rglob("*.yaml") if p.name != "kustomization.yaml")
 
 
 def _docs(text: str) -> list[dict[str, Any]]:
@@ -50,34 +49,3 @@ def test_daemonset_installs_the_shim_only_and_chroots_delegates_into_the_host() 
         c["imagePullPolicy"] for p in pods for c in p.get("initContainers", []) + p["containers"]
     }
     assert policies == {"IfNotPresent"}
-
-
-def test_overlay_changes_only_image_host_paths_config_and_node() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts/overlay-crds.py"),
-            "--image=localhost/plexus:t2",
-            "--host-path=/opt/cni/bin=/tmp/n1/bin",
-            "--host-path=/etc/cni/net.d=/tmp/n1/net.d",
-            '--config=socketDir="/run/plexus-n1"',
-            "--node=n1",
-            *map(str, CRDS),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    docs = _docs(out)
-    assert len(docs) == len(_shipped())
-    ds = _find(docs, "DaemonSet", "plexus-n1")["spec"]["template"]["spec"]
-    assert {c["image"] for c in ds["initContainers"] + ds["containers"]} == {"localhost/plexus:t2"}
-    paths = {v["name"]: v.get("hostPath", {}).get("path") for v in ds["volumes"]}
-    assert paths["cni-bin"] == "/tmp/n1/bin" and paths["cni-conf"] == "/tmp/n1/net.d"
-    assert paths["hostroot"] == "/"  # what the test did not name stays as shipped
-    assert ds["nodeSelector"]["kubernetes.io/hostname"] == "n1"
-    config_volume = next(v for v in ds["volumes"] if v["name"] == "config")
-    assert config_volume["configMap"]["name"] == "plexus-daemon-config-n1"
-    conf = _daemon_config(docs, "plexus-daemon-config-n1")
-    assert conf["socketDir"] == "/run/plexus-n1" and conf["chrootDir"] == "/hostroot"
-    assert _find(docs, "ClusterRole", "plexus") == _find(_shipped(), "ClusterRole", "plexus")
