@@ -12,7 +12,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BeforeValidator, Field, ValidationError
 
 from cni.errors import CNIError, ErrorCode
-from cni.fileio import PendingSync, start_write, write_atomic
+from cni.fileio import PendingSync, name_problem, start_write, write_atomic
 from cni.logs import StepLogger
 from cni.models import WireModel, validation_details
 
@@ -81,13 +81,21 @@ class ResultCache:
         self.results_dir = self.cache_dir / "results"
 
     def path(self, network_name: str, container_id: str, ifname: str) -> Path:
-        """The file holding one attachment's entry."""
+        """The file holding one attachment's entry; CNIError(INVALID_CONFIG) if the
+        three cannot name one (an ADD checks that before anything is attached)."""
         name = f"{network_name}-{container_id}-{ifname}"
         if not (network_name and container_id and ifname) or "/" in name or "\0" in name:
             raise CNIError(
                 ErrorCode.INVALID_CONFIG,
                 f"cannot name a cache file after {name!r}",
                 "network name, container ID and ifname must be non-empty and contain no '/'",
+            )
+        if problem := name_problem(name):
+            raise CNIError(
+                ErrorCode.INVALID_CONFIG,
+                f"network name {network_name!r} is too long to name the result cache file "
+                f"of container {container_id} ({problem} with the container ID and ifname)",
+                f"the file is {name!r}",
             )
         return self.results_dir / name
 
@@ -120,6 +128,8 @@ class ResultCache:
 
     def load(self, network_name: str, container_id: str, ifname: str) -> CacheEntry | None:
         """The entry, or None if there is none; CNIError if it cannot be read or parsed."""
+        if _too_long(network_name, container_id, ifname):
+            return None  # no ADD could have saved it
         target = self.path(network_name, container_id, ifname)
         try:
             data = target.read_bytes()
@@ -136,6 +146,8 @@ class ResultCache:
 
     def delete(self, network_name: str, container_id: str, ifname: str) -> None:
         """Remove an entry; a missing one is fine."""
+        if _too_long(network_name, container_id, ifname):
+            return  # no ADD could have saved it: DEL goes on
         target = self.path(network_name, container_id, ifname)
         try:
             target.unlink(missing_ok=True)
@@ -204,3 +216,7 @@ class ResultCache:
         """Remove the unreadable files named after a container (after its DEL)."""
         for path in self.scan(container_id=container_id)[1]:
             path.unlink(missing_ok=True)
+
+
+def _too_long(network_name: str, container_id: str, ifname: str) -> bool:
+    return name_problem(f"{network_name}-{container_id}-{ifname}") is not None

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cni.errors import CNIError, ErrorCode
+from cni.fileio import name_problem
 
 COMMANDS = ("ADD", "DEL", "CHECK", "STATUS", "GC", "VERSION")
 ENV_VARS = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH")
@@ -23,6 +24,9 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
 }
 _CONTAINER_ID = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", re.ASCII)
 _MAX_IFNAME = 15
+_RESERVED_IFNAMES = frozenset({".", "..", "all", "default"})
+"""Names the kernel refuses for a link: "all" and "default" are the sysctl tree's own
+entries (/proc/sys/net/*/conf/all, .../default), whatever the link's kind (EINVAL)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,12 @@ def validate_container_id(cid: str) -> None:
             f"invalid CNI_CONTAINERID {cid!r}",
             "must match ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$",
         )
+    if problem := name_problem(cid):
+        raise CNIError(
+            ErrorCode.INVALID_ENV,
+            f"invalid CNI_CONTAINERID {cid!r}: {problem}",
+            "a container ID names the files kept for it (attachment record, lock)",
+        )
 
 
 def ifname_problem(name: str) -> str | None:
@@ -84,8 +94,8 @@ def ifname_problem(name: str) -> str | None:
         return "interface name is empty"
     if len(name.encode()) > _MAX_IFNAME:
         return f'interface name "{name}" is longer than {_MAX_IFNAME} bytes'
-    if name in (".", ".."):
-        return f'interface name "{name}" is not allowed'
+    if name in _RESERVED_IFNAMES:
+        return f'interface name "{name}" is not allowed (the kernel reserves it)'
     if any(c in "/:" or c.isspace() for c in name):
         return f'interface name "{name}" must not contain "/", ":" or whitespace'
     return None

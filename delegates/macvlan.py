@@ -17,6 +17,8 @@ import sys
 
 from cni import skel
 from cni.env import CmdArgs
+from cni.errors import CNIError, ErrorCode
+from cni.hwaddr import station_problem
 from delegates.link import default_route_link, fail
 from delegates.rtnl import MACVLAN_MODE_NAMES
 from delegates.sublink import (
@@ -78,22 +80,29 @@ class MacvlanPlugin(SubLinkPlugin):
         raw = decode_conf(args.stdin)
         conf = common_fields(raw)
         conf.mac = go_field(raw, "mac", str, "string")
+        source = "mac"
         conf.bcqueuelen = go_field(raw, "bcqueuelen", int, "uint32")
         if not 0 <= conf.bcqueuelen <= UINT32_MAX:  # Go refuses it when decoding the uint32
             raise fail(
                 f"failed to load netconf: json: cannot unmarshal number {conf.bcqueuelen} "
                 "into Go struct field NetConf.bcqueuelen of type uint32"
             )
-        if args.args:
-            conf.mac = mac_from_cni_args(args) or conf.mac
+        if args.args and (mac := mac_from_cni_args(args)):
+            conf.mac, source = mac, "CNI_ARGS MAC"
         runtime = go_field(raw, "runtimeConfig", dict, "struct")
-        conf.mac = go_field(runtime, "mac", str, "string", "runtimeConfig") or conf.mac
+        if mac := go_field(runtime, "mac", str, "string", "runtimeConfig"):
+            conf.mac, source = mac, "runtimeConfig.mac"
         mode = MODES.get(conf.mode_name or DEFAULT_MODE)
         if mode is None:
             raise fail(f'unknown macvlan mode: "{conf.mode_name}"')
         conf.mode = mode
         if conf.mac:
             conf.mac = parse_mac(conf.mac)
+            if command == "ADD" and (problem := station_problem(conf.mac)):
+                code = (
+                    ErrorCode.INVALID_ENV if source == "CNI_ARGS MAC" else ErrorCode.INVALID_CONFIG
+                )
+                raise CNIError(code, f"invalid {source}: {problem}")
         if command == "CHECK":
             conf.prev = parse_prev_result(raw)
             if not conf.master:

@@ -30,6 +30,7 @@ from cni import skel
 from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
 from cni.fileio import name_problem
+from cni.hwaddr import station_problem
 from cni.result import DNS, Interface, Result
 from delegates import ipconfig
 from delegates.link import describe, fail, find_link, netlink, netns_fd, set_link, temp_name
@@ -199,6 +200,8 @@ class SriovPlugin:
     def add(self, args: CmdArgs) -> Result:
         conf = load_conf(args.stdin)
         key = f"{args.container_id}-{args.ifname}"
+        if conf.mac and (problem := station_problem(conf.mac)):
+            raise _invalid(f"mac {problem}")
         if problem := name_problem(f"{key}.json"):
             raise CNIError(
                 ErrorCode.INVALID_ENV,

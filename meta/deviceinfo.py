@@ -16,13 +16,22 @@ from typing import Any
 from cni import jsonio
 from cni.deviceinfo import dp_path, write
 from cni.errors import CNIError, ErrorCode
+from cni.fileio import name_problem
 
 CAPABILITY = "CNIDeviceInfoFile"
 
 
 def cni_path(base: str, network: str, container_id: str, ifname: str) -> Path:
-    """The per-attachment copy; `network` is the delegate config's `name`."""
-    return Path(base) / "cni" / f"{network}-{container_id}_{ifname}".replace("/", "-")
+    """The per-attachment copy; `network` is the delegate config's `name`. CNIError
+    (INVALID_CONFIG) if the name would be too long for a file name."""
+    name = f"{network}-{container_id}_{ifname}".replace("/", "-")
+    if problem := name_problem(name):
+        raise CNIError(
+            ErrorCode.INVALID_CONFIG,
+            f"network name {network!r} is too long to name the device-info file of "
+            f"container {container_id} ({problem} with the container ID and ifname)",
+        )
+    return Path(base) / "cni" / name
 
 
 def load(path: str | Path) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ from cni import jsonio
 from cni.config import NETWORK_NAME_RULE, valid_network_name
 from cni.env import ifname_problem
 from cni.errors import CNIError, ErrorCode
+from cni.hwaddr import station_problem
 
 NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 
@@ -142,9 +143,11 @@ class NetworkSelection(BaseModel):
     @field_validator("mac", "infiniband_guid")
     @classmethod
     def _check_hw_addr(cls, value: str | None, info: ValidationInfo) -> str | None:
+        field = "mac" if info.field_name == "mac" else "infiniband-guid"
         if value is not None and not _is_hw_addr(value):
-            field = "mac" if info.field_name == "mac" else "infiniband-guid"
             raise ValueError(f'{field} "{value}" is not a valid hardware address')
+        if value is not None and field == "mac" and (problem := station_problem(value)):
+            raise ValueError(f"mac {problem}")
         return value
 
     @field_validator("ipam_claim_reference")

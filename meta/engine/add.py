@@ -38,6 +38,7 @@ def add(core: Core, args: CmdArgs) -> Result:
             return Result(cniVersion=core.conf.cni_version)
         claimed = _claimed(core, pod)
         delegates = core.resolve(args, pod, log, devices=claimed or core.devices)
+        _refuse_unnameable(core, args, delegates)
         core.node.name_device_info_files(args.container_id, delegates)
         plan = routes.plan_default_routes(delegates)
         core.node.save_record(
@@ -116,6 +117,15 @@ def _refuse_second_add(core: Core, args: CmdArgs) -> None:
             "a runtime must not ADD a container twice without a DEL between (CNI spec); "
             "DEL it first",
         )
+
+
+def _refuse_unnameable(core: Core, args: CmdArgs, delegates: list[Delegate]) -> None:
+    """Before anything is attached: CNIError if a network's result-cache file cannot be
+    named (its config's name, the container ID and the ifname: too long for a file)."""
+    for d in delegates:
+        name = d.config.get("name")
+        if isinstance(name, str) and name:  # else the network fails on its own
+            core.runtime.cache.path(name, args.container_id, d.ifname)
 
 
 def _cache_files(core: Core, args: CmdArgs, delegates: list[Delegate]) -> list[Path]:

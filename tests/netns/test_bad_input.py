@@ -113,6 +113,19 @@ CASES = [
     Case("ifname-16-chars", 4, "longer than 15 bytes", env={"CNI_IFNAME": "a" * 16}),
     Case("ifname-dot", 4, 'interface name "." is not allowed', env={"CNI_IFNAME": "."}),
     Case("ifname-slash", 4, 'must not contain "/"', env={"CNI_IFNAME": "eth/0"}),
+    Case("ifname-all", 4, 'interface name "all" is not allowed', env={"CNI_IFNAME": "all"}),
+    Case(
+        "ifname-default",
+        4,
+        'interface name "default" is not allowed (the kernel reserves it)',
+        env={"CNI_IFNAME": "default"},
+    ),
+    Case(
+        "CNI_CONTAINERID-longer-than-a-file-name",
+        4,
+        "256 bytes, more than the 255 a file name may have",
+        env={"CNI_CONTAINERID": "c" * 256},
+    ),
     Case("ifname-whitespace", 4, '"eth 0" must not contain', env={"CNI_IFNAME": "eth 0"}),
     Case(
         "CHECK-ifname-colon",
@@ -324,6 +337,36 @@ CASES = [
         networks=[{"name": "caps-net", "mac": "02:00:zz:00:00:01"}],
     ),
     Case(
+        "annotation-mac-multicast",
+        7,
+        'mac "01:00:5e:00:00:01" is a multicast address (its first octet is odd): not a station',
+        networks=[{"name": "caps-net", "mac": "01:00:5e:00:00:01"}],
+    ),
+    Case(
+        "annotation-mac-all-zeros",
+        7,
+        'mac "00:00:00:00:00:00" is all zeros: not a station address',
+        networks=[{"name": "caps-net", "mac": "00:00:00:00:00:00"}],
+    ),
+    Case(
+        "annotation-mac-broadcast",
+        7,
+        'mac "ff:ff:ff:ff:ff:ff" is the broadcast address',
+        networks=[_macvlan(mac="ff:ff:ff:ff:ff:ff")],
+    ),
+    Case(
+        "annotation-interface-all",
+        7,
+        'interface name "all" is not allowed (the kernel reserves it)',
+        networks=[_macvlan(interface="all")],
+    ),
+    Case(
+        "annotation-interface-default",
+        7,
+        'interface name "default" is not allowed',
+        networks="macvlan-net@default",
+    ),
+    Case(
         "annotation-infiniband-guid-invalid",
         7,
         'infiniband-guid "xx" is not a valid hardware address',
@@ -408,6 +451,24 @@ CASES = [
         networks="no-type",
     ),
     Case(
+        "NAD-macvlan-mac-multicast",
+        7,
+        'invalid mac: "03:00:00:00:00:01" is a multicast address (its first octet is odd)',
+        networks="multicast-mac",
+    ),
+    Case(
+        "NAD-runtimeConfig-mac-broadcast",
+        7,
+        'invalid runtimeConfig.mac: "ff:ff:ff:ff:ff:ff" is the broadcast address',
+        networks="broadcast-runtime-mac",
+    ),
+    Case(
+        "NAD-name-too-long-for-the-result-cache-file",
+        7,
+        f"network name {'n' * 250!r} is too long to name the result cache file of container",
+        networks="long-name",
+    ),
+    Case(
         "NAD-without-spec-config",
         7,
         "network-attachment-definition default/no-spec has no spec.config",
@@ -457,6 +518,9 @@ def _setup(node: Node, case: Case) -> None:
     node.nad("bad-json", '{"cniVersion": "1.0.0", "type": "macvlan",')
     node.nad("deep-json", '{"cniVersion": "1.0.0", "type": "macvlan", "x": ' + NESTED + "}")
     node.nad("dotdot-name", {**macvlan, "name": "../x"})
+    node.nad("multicast-mac", {**macvlan, "mac": "03:00:00:00:00:01"})
+    node.nad("broadcast-runtime-mac", {**macvlan, "runtimeConfig": {"mac": "ff:ff:ff:ff:ff:ff"}})
+    node.nad("long-name", {**macvlan, "name": "n" * 250})
     node.nad("no-type", _without(macvlan, "type"))
     node.nad("no-spec", "")
     node.nad("no-plugins", {"cniVersion": "1.0.0", "plugins": []})

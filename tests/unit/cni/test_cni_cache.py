@@ -147,3 +147,23 @@ def test_scan_names_unreadable_files_and_entries_warn_once_each(
         "net-c1-eth0",
         "net-c2-eth0",
     ]
+
+
+def test_a_name_too_long_for_a_file_is_refused_and_cannot_be_there(tmp_path: Path) -> None:
+    """ADD checks the name before anything is attached (code 7, naming the network); DEL
+    and CHECK find nothing under it (no ADD saved it) instead of failing on it."""
+    cache = ResultCache(tmp_path)
+    net = "n" * 240
+    with pytest.raises(CNIError) as info:
+        cache.path(net, "c" * 10, "eth0")
+    assert info.value.code == ErrorCode.INVALID_CONFIG
+    assert info.value.msg == (
+        f"network name {net!r} is too long to name the result cache file of container "
+        f"{'c' * 10} (256 bytes, more than the 255 a file name may have with the container "
+        "ID and ifname)"
+    )
+    with pytest.raises(CNIError):
+        cache.save(entry(net=net, cid="c" * 10))
+    assert cache.load(net, "c" * 10, "eth0") is None
+    cache.delete(net, "c" * 10, "eth0")
+    assert cache.path("n" * 239, "c" * 10, "eth0").name == f"{'n' * 239}-{'c' * 10}-eth0"

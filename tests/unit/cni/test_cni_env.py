@@ -35,7 +35,18 @@ def test_invalid_container_ids(cid: str) -> None:
     assert repr(cid) in exc.value.msg
 
 
-@pytest.mark.parametrize("name", ["eth0", "net1", "a" * 15, "vlan.100", "..."])
+def test_a_container_id_longer_than_a_file_name_is_invalid() -> None:
+    """It names files (the attachment record, its lock): refused before any is made."""
+    validate_container_id("c" * 255)
+    with pytest.raises(CNIError) as exc:
+        validate_container_id("c" * 256)
+    assert exc.value.code == ErrorCode.INVALID_ENV
+    assert exc.value.msg == (
+        f"invalid CNI_CONTAINERID {'c' * 256!r}: 256 bytes, more than the 255 a file name may have"
+    )
+
+
+@pytest.mark.parametrize("name", ["eth0", "net1", "a" * 15, "vlan.100", "...", "alle", "lo"])
 def test_valid_ifnames(name: str) -> None:
     validate_ifname(name)
 
@@ -48,6 +59,8 @@ def test_valid_ifnames(name: str) -> None:
         ("é" * 8, "longer than 15 bytes"),
         (".", "is not allowed"),
         ("..", "is not allowed"),
+        ("all", 'interface name "all" is not allowed (the kernel reserves it)'),
+        ("default", 'interface name "default" is not allowed (the kernel reserves it)'),
         ("a/b", 'must not contain "/", ":" or whitespace'),
         ("a:b", 'must not contain "/", ":" or whitespace'),
         ("a b", 'must not contain "/", ":" or whitespace'),

@@ -132,6 +132,39 @@ def test_macvlan_bad_mac(where: str) -> None:
     assert err.msg == f"invalid args {bad} for MAC addr: address {bad}: invalid MAC address"
 
 
+@pytest.mark.parametrize(
+    ("where", "code"),
+    [("config", 7), ("runtimeConfig", 7), ("CNI_ARGS", 4)],
+)
+@pytest.mark.parametrize(
+    ("mac", "problem"),
+    [
+        ("01:00:5e:00:00:01", "is a multicast address (its first octet is odd)"),
+        ("00:00:00:00:00:00", "is all zeros"),
+        ("ff:ff:ff:ff:ff:ff", "is the broadcast address"),
+    ],
+)
+def test_macvlan_mac_that_no_station_may_have(
+    where: str, code: int, mac: str, problem: str
+) -> None:
+    """The kernel would refuse it (EADDRNOTAVAIL, passed on as 999): refused first, with
+    the code of where it came from; DEL of such a config still goes on."""
+    conf, cni_args = _macvlan(), ""
+    if where == "config":
+        conf["mac"] = mac
+    elif where == "runtimeConfig":
+        conf["runtimeConfig"] = {"mac": mac}
+    else:
+        cni_args = f"IgnoreUnknown=1;MAC={mac}"
+    err = _error(MacvlanPlugin(), conf, cni_args=cni_args)
+    label = {"config": "mac", "runtimeConfig": "runtimeConfig.mac", "CNI_ARGS": "CNI_ARGS MAC"}
+    assert (err.code, err.msg) == (
+        code,
+        f'invalid {label[where]}: "{mac}" {problem}: not a station address',
+    )
+    assert MacvlanPlugin().load(_args(conf, "DEL", cni_args), "DEL").mac == mac
+
+
 def test_macvlan_mac_precedence_config_then_cni_args_then_runtime_config() -> None:
     plugin = MacvlanPlugin()
     conf = _macvlan(mac="02:00:00:00:00:01")

@@ -260,3 +260,19 @@ def test_a_container_id_too_long_to_name_the_state_is_refused_first(tmp_path: Pa
     assert info.value.code == ErrorCode.INVALID_ENV
     assert info.value.msg.startswith(f"CNI_CONTAINERID {cid!r} is too long to name the saved")
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("where", ["mac", "runtimeConfig"])
+def test_a_mac_no_station_may_have_is_refused_first(tmp_path: Path, where: str) -> None:
+    mac = "01:00:5e:00:00:01"
+    extra: dict[str, Any] = {"mac": mac} if where == "mac" else {"runtimeConfig": {"mac": mac}}
+    conf = _conf(dataDir=str(tmp_path / "d"), **extra)
+    with pytest.raises(CNIError) as info:
+        dispatch(SriovPlugin(str(tmp_path)), _args(conf))
+    assert (info.value.code, info.value.msg) == (
+        ErrorCode.INVALID_CONFIG,
+        f'invalid sriov config: mac "{mac}" is a multicast address (its first octet is odd): '
+        "not a station address",
+    )
+    assert not (tmp_path / "d").exists()
+    assert dispatch(SriovPlugin(str(tmp_path)), _args(conf, "DEL")) == b""
