@@ -310,7 +310,13 @@ class SubLinkPlugin:
             return
 
     def status(self, args: CmdArgs) -> None:
-        """Ready whenever the plugin can run (the reference 1.1.1 has no STATUS)."""
+        """Ready whenever the plugin can run (the reference 1.1.1 has no STATUS), and its
+        IPAM, if served in process, is ready (delegates.ipam.dispatch.ipam_status)."""
+        raw = decode_conf(args.stdin)
+        if go_field(go_field(raw, "ipam", dict, "types.IPAM"), "type", str, "string", "IPAM"):
+            from delegates.ipam.dispatch import ipam_status
+
+            ipam_status(raw, args, exec_types=self.ipam_exec, executor=self.ipam_executor)
 
     def gc(self, args: CmdArgs) -> None:
         """Pass GC to IPAM; links need none (they go away with their namespaces)."""

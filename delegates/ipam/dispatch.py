@@ -29,6 +29,7 @@ __all__ = [
     "ipam_check",
     "ipam_del",
     "ipam_gc",
+    "ipam_status",
     "ipam_type",
     "runs_in_process",
 ]
@@ -103,6 +104,23 @@ def ipam_check(
         host_local.check(conf, args)
     else:
         static.check(conf, args)
+
+
+def ipam_status(
+    conf: Mapping[str, Any],
+    args: CmdArgs,
+    *,
+    executor: Executor | None = None,
+    exec_types: Collection[str] = (),
+) -> None:
+    """STATUS of an IPAM the executor serves in process (the daemon's whereabouts: can
+    its API server be written); host-local and static are always ready, and exec'd IPAMs
+    are not asked (the reference plugins 1.1.1 have no STATUS)."""
+    kind = ipam_type(conf)
+    if runs_in_process(kind, exec_types) or executor is None or not executor.hosts(kind):
+        return
+    if not before(conf_version(conf), "1.1.0"):
+        run_ipam("STATUS", kind, conf, args, executor)
 
 
 def ipam_gc(

@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 
 from cni import callscope
+from cni.env import cni_env
 from cni.errors import CNIError, ErrorCode
 from cni.skel import dispatch
+from delegates.builtin import BuiltinExecutor
 from delegates.ipam.common import CHECK_FAILED
 from delegates.ipam.whereabouts.plugin import ClusterIPAM
 from kube.api import KubeAPI
@@ -271,6 +273,12 @@ def test_status_says_whether_pools_can_be_written(
         dispatch(refused, ipam_args("STATUS", conf, ""))
     assert info.value.code == ErrorCode.NOT_AVAILABLE
     assert "403" in info.value.details
+    # a hosted macvlan's STATUS asks its in-process IPAM (the daemon's executor)
+    env = cni_env("STATUS", "", "", "", (), ["/usr/lib/cni"])
+    BuiltinExecutor(cluster_ipam=ipam).run("macvlan", json.dumps(conf).encode(), env)
+    with pytest.raises(CNIError) as info:
+        BuiltinExecutor(cluster_ipam=refused).run("macvlan", json.dumps(conf).encode(), env)
+    assert info.value.code == ErrorCode.NOT_AVAILABLE
 
 
 # ---- many writers -----------------------------------------------------------------------
