@@ -34,6 +34,26 @@ def open_regular(path: str, flags: int, mode: int = 0o644, dir_fd: int | None = 
     """A descriptor of the regular file `path` (relative to `dir_fd` if given), opened with
     `flags`; with O_CREAT it is created if missing. A symlink, FIFO, device or socket
     there is never opened (OSError EINVAL), nor followed."""
+    return _open_regular(path, flags, mode, dir_fd)[0]
+
+
+def read_regular(path: str, limit: int, dir_fd: int | None = None) -> bytes:
+    """The contents of the regular file `path` (as open_regular finds it); OSError EFBIG
+    if it holds more than `limit` bytes, which are never read."""
+    fd, size = _open_regular(path, os.O_RDONLY, 0, dir_fd)
+    try:
+        if size <= limit:
+            data = os.read(fd, limit + 1)
+            if len(data) <= limit:
+                return data
+    finally:
+        os.close(fd)
+    raise OSError(errno.EFBIG, f"holds more than {limit} bytes", path)
+
+
+def _open_regular(path: str, flags: int, mode: int, dir_fd: int | None) -> tuple[int, int]:
+    """open_regular's descriptor and the size the file had (0 if it was created)."""
+    size = 0
     try:
         st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -42,26 +62,13 @@ def open_regular(path: str, flags: int, mode: int = 0o644, dir_fd: int | None = 
     else:
         if not stat.S_ISREG(st.st_mode):
             raise _not_regular(path)
+        size = st.st_size
     flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     fd = os.open(path, flags, mode, dir_fd=dir_fd)
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # put there since the stat
         os.close(fd)
         raise _not_regular(path)
-    return fd
-
-
-def read_regular(path: str, limit: int, dir_fd: int | None = None) -> bytes:
-    """The contents of the regular file `path` (as open_regular finds it); OSError EFBIG
-    if it holds more than `limit` bytes, which are never read."""
-    fd = open_regular(path, os.O_RDONLY, dir_fd=dir_fd)
-    try:
-        if os.fstat(fd).st_size <= limit:
-            data = os.read(fd, limit + 1)
-            if len(data) <= limit:
-                return data
-    finally:
-        os.close(fd)
-    raise OSError(errno.EFBIG, f"holds more than {limit} bytes", path)
+    return fd, size
 
 
 def _not_regular(path: str) -> OSError:
