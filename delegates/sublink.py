@@ -16,9 +16,11 @@ name already taken in the pod fails at the create, not at a rename.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -28,6 +30,7 @@ from cni.env import CmdArgs
 from cni.errors import CNIError
 from cni.result import DNS, Interface, Result
 from cni.skel import STDIN
+from cni.threads import ReusedThreads
 from delegates import ipconfig
 from delegates.link import (
     create_child,
@@ -48,6 +51,10 @@ if TYPE_CHECKING:  # the standalone plugins start without importing it
 
 T = TypeVar("T")
 log = logging.getLogger("plexus.delegates")
+
+IN_PROCESS_IPAM = frozenset({"host-local", "static"})
+"""IPAMs that run in this process without waiting on anything (delegates.ipam.dispatch)."""
+_beside = ReusedThreads("ipam-beside", keep_idle=8)
 
 
 def _json_kind(value: Any) -> str:
@@ -227,9 +234,15 @@ class SubLinkPlugin:
 
     def add(self, args: CmdArgs) -> Result:
         conf = self.load(args, "ADD")
-        self.on_master_side(conf, args, lambda nl: self._create(nl, conf, args))
+        beside = self._ipam_beside(conf, args)
         try:
-            ipc = self.ip_config(conf, args)
+            self.on_master_side(conf, args, lambda nl: self._create(nl, conf, args))
+        except BaseException:
+            if beside is not None:
+                _quietly(lambda: self._undo_beside(beside, conf, args))
+            raise
+        try:
+            ipc = beside.result() if beside is not None else self.ip_config(conf, args)
         except BaseException:
             _quietly(lambda: _in_pod(args, lambda nl: delete_link(nl, args.ifname)))
             raise
@@ -240,6 +253,36 @@ class SubLinkPlugin:
                 self._release(conf, args)
             raise
         return ipconfig.attached_result(iface, conf.dns, ipc)
+
+    def _ipam_beside(self, conf: LinkConf, args: CmdArgs) -> Future[Result | None] | None:
+        """The IPAM's ADD started on another thread while the link is made, when the
+        executor serves the IPAM in process and it waits on an API server (the daemon's
+        whereabouts: its write overlaps the link's creation); None for the others (an
+        exec'd IPAM, or host-local and static, which take less than a thread handoff)."""
+        kind, executor = conf.ipam_type, self.ipam_executor
+        if not kind or executor is None or kind in IN_PROCESS_IPAM or kind in self.ipam_exec:
+            return None
+        if not executor.hosts(kind):
+            return None
+        outcome: Future[Result | None] = Future()
+        context = contextvars.copy_context()  # the call's scope and in-process marks
+
+        def run() -> None:
+            try:
+                outcome.set_result(context.run(self.ip_config, conf, args))
+            except BaseException as exc:  # handed to the caller, which raises it
+                outcome.set_exception(exc)
+
+        _beside.run(run)
+        return outcome
+
+    def _undo_beside(self, beside: Future[Result | None], conf: LinkConf, args: CmdArgs) -> None:
+        """The link failed: release what the IPAM beside it allocated, once it is done."""
+        try:
+            beside.result()
+        except BaseException:
+            return  # it allocated nothing (ip_config releases on its own failures)
+        self._release(conf, args)
 
     def _configure(self, args: CmdArgs, ipc: Result | None) -> Interface:
         """Inside the pod: sysctls, addresses, routes; delete the link on failure."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from ipaddress import ip_address, ip_interface
@@ -43,6 +44,7 @@ from tests.cluster.whereabouts import (
     pool,
     reservations,
 )
+from tests.netns.conftest import sh
 
 Json = dict[str, Any]
 
@@ -612,3 +614,38 @@ def test_node_slices_give_each_node_a_pool_of_its_own(
         "node-a",
         "node-c",
     ]
+
+
+def test_a_hosted_macvlan_allocates_beside_its_link_and_a_failed_link_releases(
+    ipam: ClusterIPAM, crds: Cluster, namespace: str
+) -> None:
+    pod = f"pxt-wb-{uuid.uuid4().hex[:6]}"
+    sh("ip", "netns", "add", pod)
+    try:
+        sh("ip", "link", "add", "m0", "type", "veth", "peer", "name", "m1", netns=pod)
+        sh("ip", "link", "set", "m0", "up", netns=pod)
+        conf = {
+            "cniVersion": "1.0.0",
+            "name": "lan",
+            "type": "macvlan",
+            "master": "m0",
+            "linkInContainer": True,
+            "ipam": {"type": "whereabouts", "range": "10.31.0.0/24"},
+        }
+        executor = BuiltinExecutor(cluster_ipam=ipam)
+        pairs = (("IgnoreUnknown", "1"), ("K8S_POD_NAMESPACE", "ns"), ("K8S_POD_NAME", "p"))
+
+        def run(verb: str, cid: str, config: Json) -> bytes:
+            env = cni_env(verb, cid, f"/run/netns/{pod}", "net1", pairs, ["/usr/lib/cni"])
+            return executor.run("macvlan", json.dumps(config).encode(), env)
+
+        out = json.loads(run("ADD", "c1", conf))
+        assert out["ips"][0]["address"] == "10.31.0.1/24"
+        assert "10.31.0.1/24" in sh("ip", "-o", "addr", "show", "net1", netns=pod).stdout
+        with pytest.raises(CNIError):  # no such master: the allocation made beside goes
+            run("ADD", "c2", {**conf, "master": "nope"})
+        assert held(crds, namespace, "10.31.0.0-24", "10.31.0.0") == {"10.31.0.1": "c1"}
+        run("DEL", "c1", conf)
+        assert held(crds, namespace, "10.31.0.0-24", "10.31.0.0") == {}
+    finally:
+        sh("ip", "netns", "del", pod, check=False)
