@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup-base.sh --dev
+# .venv-py313: the unit tier runs on Python 3.13 as well.
+scripts/setup-py313.sh
 # openssl: the cluster tier's certificates. containerd, runc: the runtime and cluster tiers.
 # buildah, mmdebstrap: scripts/build-image.sh builds the image with no registry.
 # valgrind: tests/bench/bench_instructions counts instructions with callgrind. strace: the
