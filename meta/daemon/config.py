@@ -55,6 +55,7 @@ class DaemonConfig(MetaConfig):
     # node's allocations are reconciled and dead nodes' released.
     whereabouts_namespace: str = Field("kube-system", alias="whereaboutsNamespace")
     ipam_reconcile_seconds: float = Field(60.0, alias="ipamReconcileSeconds", gt=0, le=86400)
+    ipam_reserve: int = Field(0, alias="ipamReserve", ge=0, le=64)
     # Multus thick's daemon keys: honoured where Plexus does the same, else refused below.
     multus_config_file: str = Field("", alias="multusConfigFile")
     multus_autoconfig_dir: str = Field("", alias="multusAutoconfigDir")

@@ -19,6 +19,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from ipaddress import ip_network
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
@@ -62,6 +63,8 @@ class DaemonIPAM:
         self.namespace = conf.whereabouts_namespace
         self.records = RecordStore(conf.cni_dir)
         self.period = conf.ipam_reconcile_seconds
+        self.reserve = conf.ipam_reserve
+        self.journal = Path(conf.cni_dir) / "whereabouts-rewrites"  # stock.py's journal
         self.lease = Lease(source.api, self.namespace, LEASE_NAME, node, 3 * self.period)
         self.plugin = _Served(self)
         """What the executor serves `whereabouts` with (cni.skel.Plugin)."""
@@ -77,7 +80,13 @@ class DaemonIPAM:
             if self._ipam is None:
                 from delegates.ipam.whereabouts.plugin import ClusterIPAM
 
-                self._ipam = ClusterIPAM(self.source.api, self.node, self.namespace)
+                self._ipam = ClusterIPAM(
+                    self.source.api,
+                    self.node,
+                    self.namespace,
+                    reserve=self.reserve,
+                    journal=self.journal,
+                )
             return self._ipam
 
     def start(self, metrics: Metrics) -> None:
@@ -158,7 +167,8 @@ class DaemonIPAM:
         return uid != record.pod_uid
 
     def release_dead_nodes(self) -> int:
-        """Release what Plexus allocated on nodes the API server no longer has. The
+        """Release what Plexus allocated (and reserved ahead) on nodes the API server no
+        longer has, and give their slices back. The
         reservations are listed before the nodes: a node that joins meanwhile is listed."""
         holders = {
             (obj.get("metadata") or {}).get("labels", {}).get(NODE_LABEL, "")
@@ -176,6 +186,10 @@ class DaemonIPAM:
             return 0
         log.info("releasing the addresses of deleted nodes", extra={"nodes": sorted(gone)})
         released = self.ipam.allocator.collect(lambda node, _cid, _if: node in gone, NODE_LABEL)
+        from delegates.ipam.whereabouts.stock import drop_reserved
+
+        for node in sorted(gone):
+            drop_reserved(self.ipam.allocator, node)  # what it reserved ahead
         slices = self.ipam.allocator.slices
         if slices is not None:
             for node in sorted(gone):

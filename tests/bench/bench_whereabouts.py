@@ -1,19 +1,21 @@
 """whereabouts exec'd vs served in process by the Plexus daemon, on a real kube-apiserver.
 
-Two Plexus daemons on one node, the same but for `execDelegates: ["whereabouts"]` in
-one: that one execs the whereabouts v0.9.4 binary (scripts/build-go-tools.sh) as the
-macvlan's IPAM, the other allocates in process. Each pod ADD attaches the reference
-`bridge` (host-local) as the default network and one macvlan NAD whose IPAM is
-whereabouts (one pool, 10.60.0.0/16, shared by both). Rounds interleave the two; each
-ADD is exec'd through the shim as a runtime does, and followed by an untimed DEL. The
-bar is the macvlan step: its `delegate add` time in the daemon's own log (IPAM included),
-medians; the whole ADD is timed from outside too (`ip netns exec` baseline subtracted).
+Three Plexus daemons per node, the same but for one key: `execDelegates: ["whereabouts"]`
+(the whereabouts v0.9.4 binary, scripts/build-go-tools.sh, is exec'd as the macvlan's
+IPAM), none (allocated in process), `ipamReserve: 4` (in process, from addresses the node
+reserved ahead). Each pod ADD attaches the reference `bridge` (host-local) as the default
+network and one macvlan NAD whose IPAM is whereabouts (one pool, 10.60.0.0/16, shared by
+all). Rounds interleave the contenders; each ADD is exec'd through the shim as a runtime
+does, and followed by an untimed DEL. The bar is the macvlan step: its `delegate add` time
+in the daemon's own log (IPAM included), medians; the whole ADD is timed from outside too
+(`ip netns exec` baseline subtracted).
 
-Then a burst: two such daemon pairs with different node names (two nodes on this one
-machine, each its own daemon), BURST pods split between them, all ADDs at once; the time
-until the last one returned, failures, and whether any address was handed out twice.
+Then a burst per contender: its daemons on two nodes (two node names on this one
+machine), BURST pods split between them, all ADDs at once; the time until the last one
+returned, failures, whether any address was handed out twice, and the IPAM's API requests
+(and conflicts) per pod from the API server's audit log.
 
-    sudo .venv/bin/python3 -m tests.bench.bench_whereabouts --runs 30
+    sudo .venv/bin/python3 -m tests.bench.bench_whereabouts --runs 30 --burst 100
 """
 
 from __future__ import annotations
@@ -43,12 +45,25 @@ NAMESPACE = "bench"
 POOLS = "bench-ipam"
 NAD = "wb"
 RANGE = "10.60.0.0/16"
-CONTENDERS = {"whereabouts exec'd": ["whereabouts"], "plexus in process": []}
-NODES = ("bench-node-a", "bench-node-b")
+CONTENDERS: dict[str, dict[str, Any]] = {
+    "whereabouts exec'd": {"execDelegates": ["whereabouts"]},
+    "plexus in process": {},
+    "plexus, reserving ahead": {"ipamReserve": 4},
+}
+"""Each contender's daemon config, beyond what they share."""
+NODES = ("a", "b")
+"""Per contender: its two daemons' nodes (named after it: two daemons of one node would
+judge each other's allocations)."""
 QUIET = 0.3  # after each ADD + DEL: the daemon's Events go out before the next timed ADD
 SETTLE = 2.0
 IPAM_RESOURCES = ("ippools", "overlappingrangeipreservations", "leases")
 """What the audit log's IPAM requests are about (whereabouts' Lease included)."""
+
+
+def node_name(contender: str, node: str) -> str:
+    """The node a contender's daemon serves: `plexus-reserving-b`, say."""
+    words = contender.replace(",", "").replace("'", "").split()
+    return f"{words[0]}-{words[-1]}-{node}"
 
 
 class Setup:
@@ -75,15 +90,15 @@ class Setup:
         (bench.bin / "whereabouts").symlink_to(GO_TOOLS / "whereabouts")
         self.logs: dict[tuple[str, str], Path] = {}
         self.daemons = {
-            (name, node): stack.enter_context(self.daemon(name, node, exec_types))
-            for name, exec_types in CONTENDERS.items()
+            (name, node): stack.enter_context(self.daemon(name, node, extra))
+            for name, extra in CONTENDERS.items()
             for node in NODES
         }
         self.pods = 0
 
     @contextmanager
-    def daemon(self, name: str, node: str, exec_types: list[str]) -> Iterator[Daemon]:
-        tag = f"{name.split()[0]}-{node}"
+    def daemon(self, name: str, node: str, extra: dict[str, Any]) -> Iterator[Daemon]:
+        tag = node_name(name, node)
         root = self.bench.root / tag
         net_dir = root / "net.d"
         net_dir.mkdir(parents=True)
@@ -103,7 +118,7 @@ class Setup:
                     "metricsPort": 0,
                     "logToStderr": False,
                     "logFile": str(root / "daemon.log"),
-                    "execDelegates": exec_types,
+                    **extra,
                     "whereaboutsNamespace": POOLS,
                     "allowedHostPaths": [str(self.bench.root)],
                 }
@@ -112,7 +127,7 @@ class Setup:
         plexus = Path(sys.executable).parent / "plexus"
         daemon = Daemon(
             tag,
-            [str(plexus), "daemon", "--config", str(config), "--node-name", node],
+            [str(plexus), "daemon", "--config", str(config), "--node-name", tag],
             {},
             net_dir / "00-plexus.conflist",
             root / "stderr.log",
@@ -123,15 +138,18 @@ class Setup:
         finally:
             daemon.stop()
 
-    def pod(self, node: str) -> str:
-        """A pod on `node` asking for the NAD; its CNI_ARGS."""
+    def pod(self, name: str, node: str) -> str:
+        """A pod on contender `name`'s node `node` asking for the NAD; its CNI_ARGS."""
         self.pods += 1
         name = f"pod-{self.pods}"
         created = self.cluster.create(
             f"/api/v1/namespaces/{NAMESPACE}/pods",
             {
                 "metadata": {"name": name, "annotations": {"k8s.v1.cni.cncf.io/networks": NAD}},
-                "spec": {"nodeName": node, "containers": [{"name": "app", "image": "pause"}]},
+                "spec": {
+                    "nodeName": node_name(name, node),
+                    "containers": [{"name": "app", "image": "pause"}],
+                },
             },
         )
         uid = created["metadata"]["uid"]
@@ -162,7 +180,7 @@ def macvlan_steps(log: Path) -> list[float]:
 def sequential(setup: Setup, runs: int) -> dict[str, dict[str, float]]:
     """Interleaved ADDs on node a: medians of the whole ADD and of the macvlan step."""
     node = NODES[0]
-    args = {name: setup.pod(node) for name in CONTENDERS}
+    args = {name: setup.pod(name, node) for name in CONTENDERS}
     time.sleep(SETTLE)
     whole: dict[str, list[float]] = {name: [] for name in CONTENDERS}
     base = []
@@ -193,7 +211,7 @@ def burst(setup: Setup, name: str, pods: int) -> dict[str, float]:
     for i in range(pods):
         node = NODES[i % len(NODES)]
         cid = f"burst-{setup.bench.tag}-{name.split()[0]}-{i}"
-        calls[node].append((cid, f"/run/netns/{setup.bench.pod()}", setup.pod(node)))
+        calls[node].append((cid, f"/run/netns/{setup.bench.pod()}", setup.pod(name, node)))
     time.sleep(SETTLE)
     failed = [0]
     audited = len(audit_events(setup.cluster.audit_log, ""))
@@ -242,10 +260,7 @@ def measure(bench: Bench, runs: int, pods: int) -> dict[str, Any]:
 
 def render(result: dict[str, Any]) -> str:
     rows, bursts = result["rows"], result["bursts"]
-    theirs, ours = rows["whereabouts exec'd"], rows["plexus in process"]
-    step = ours["macvlan step (ms)"] / theirs["macvlan step (ms)"]
-    whole = ours["whole ADD (ms)"] / theirs["whole ADD (ms)"]
-    spread = bursts["plexus in process"]["seconds"] / bursts["whereabouts exec'd"]["seconds"]
+    anchor = "whereabouts exec'd"
     lines = [
         "| IPAM of the macvlan | macvlan step (ms) | whole ADD (ms) | "
         f"burst of {result['pods']} pods on 2 nodes (s) | failed | handed out twice "
@@ -259,13 +274,21 @@ def render(result: dict[str, Any]) -> str:
             f"{b['seconds']:.2f} | {b['failed']:g} | {b['twice']:g} | "
             f"{b['IPAM requests per pod']:.1f} | {b['conflicts per pod']:.2f} |"
         )
-    lines += [
-        "",
-        f"in process / exec'd: macvlan step {step:.2f}x (bar 0.2x), whole ADD {whole:.2f}x, "
-        f"burst {spread:.2f}x",
-        f"medians of {result['runs']} interleaved rounds (steps found in the logs: "
-        f"{theirs['steps found']:g}, {ours['steps found']:g})",
-    ]
+    lines.append("")
+    for name in rows:
+        if name == anchor:
+            continue
+        step = rows[name]["macvlan step (ms)"] / rows[anchor]["macvlan step (ms)"]
+        whole = rows[name]["whole ADD (ms)"] / rows[anchor]["whole ADD (ms)"]
+        spread = bursts[name]["seconds"] / bursts[anchor]["seconds"]
+        lines.append(
+            f"{name} / exec'd: macvlan step {step:.2f}x (bar 0.2x), whole ADD {whole:.2f}x, "
+            f"burst {spread:.2f}x"
+        )
+    found = ", ".join(f"{row['steps found']:g}" for row in rows.values())
+    lines.append(
+        f"medians of {result['runs']} interleaved rounds (steps found in the logs: {found})"
+    )
     return "\n".join(lines)
 
 

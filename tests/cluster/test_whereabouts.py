@@ -45,6 +45,7 @@ from tests.cluster.whereabouts import (
     reservations,
 )
 from tests.netns.conftest import sh
+from tests.wait import wait_for
 
 Json = dict[str, Any]
 
@@ -649,3 +650,46 @@ def test_a_hosted_macvlan_allocates_beside_its_link_and_a_failed_link_releases(
         assert held(crds, namespace, "10.31.0.0-24", "10.31.0.0") == {}
     finally:
         sh("ip", "netns", "del", pod, check=False)
+
+
+# ---- addresses reserved ahead ---------------------------------------------------------------
+
+
+def test_addresses_reserved_ahead_are_taken_without_a_write_and_rewritten_after(
+    crds: Cluster, namespace: str, tmp_path: Path, nodes: tuple[str, str]
+) -> None:
+    api = KubeAPI(str(crds.kubeconfig))
+    journal = tmp_path / "journal"
+    ipam = ClusterIPAM(api, nodes[0], namespace, watch=False, reserve=2, journal=journal)
+    conf = ipam_conf({"type": "whereabouts", "range": "10.32.0.0/24"}, version="1.1.0")
+    mark = f"{namespace}/plexus-reserved-{nodes[0]}"
+
+    def pool_now() -> dict[str, str]:
+        return {
+            f"10.32.0.{k}": f"{v['id']}|{v['podref']}"
+            for k, v in allocations(crds, namespace, "10.32.0.0-24").items()
+        }
+
+    def reserved() -> list[str]:
+        return sorted(ip for ip, who in pool_now().items() if who.endswith(f"|{mark}"))
+
+    assert add(ipam, conf, "c1") == ["10.32.0.1/24"]  # nothing reserved yet: written now
+    wait_for(lambda: reserved() == ["10.32.0.2", "10.32.0.3"], "two addresses reserved ahead")
+    assert add(ipam, conf, "c2") == ["10.32.0.2/24"]  # taken from the stock
+    wait_for(lambda: pool_now().get("10.32.0.2") == "c2|pods/pod-c2", "c2's entry rewritten")
+    wait_for(lambda: reserved() == ["10.32.0.3", "10.32.0.4"], "the stock refilled")
+    reservation = reservations(crds, namespace)["10.32.0.2"]
+    assert reservation["spec"] == {"containerid": "c2", "podref": "pods/pod-c2", "ifname": "net1"}
+    assert "ipam.plexus.io/stock" not in reservation["metadata"]["labels"]
+    assert not list(journal.glob("*"))  # every rewrite done
+
+    valid = {**conf, "cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "net1"}]}
+    dispatch(ipam, ipam_args("GC", valid, ""))  # c2 goes; the stock stays
+    assert sorted(pool_now()) == ["10.32.0.1", "10.32.0.3", "10.32.0.4"]
+    dispatch(ipam, ipam_args("DEL", conf, "c1"))
+
+    # A restarted daemon gives its predecessor's stock back.
+    again = ClusterIPAM(api, nodes[0], namespace, watch=False, reserve=2, journal=journal)
+    assert pool_now() == {}
+    assert reservations(crds, namespace) == {}
+    assert add(again, conf, "c3") == ["10.32.0.1/24"]

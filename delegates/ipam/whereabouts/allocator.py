@@ -17,17 +17,19 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from ipaddress import ip_interface
+from pathlib import Path
 from typing import Any, TypeVar
 
 from cni.errors import CNIError, ErrorCode
 from cni.result import IPConfig
 from delegates.ipam.common import CHECK_FAILED, IPAddress
 from delegates.ipam.whereabouts.config import WhereaboutsConfig
-from delegates.ipam.whereabouts.labels import CLAIM_LABEL, NODE_LABEL, POOL_ANNOTATION
+from delegates.ipam.whereabouts.labels import CLAIM_LABEL, NODE_LABEL, POOL_ANNOTATION, STOCK_LABEL
 from delegates.ipam.whereabouts.objects import Allocation, Pool, Taken
 from delegates.ipam.whereabouts.pools import PoolStore
 from delegates.ipam.whereabouts.ranges import IPRange, RangeError, pool_name, reservation_name
 from delegates.ipam.whereabouts.slices import Slices
+from delegates.ipam.whereabouts.stock import Stock
 
 log = logging.getLogger("plexus.ipam")
 
@@ -62,6 +64,14 @@ class Allocator:
         self.node = node
         self.slices = slices
         self._side = ThreadPoolExecutor(max_workers=SIDE_THREADS, thread_name_prefix="ipam")
+        self.stock: Stock | None = None
+
+    def reserve_ahead(self, size: int, journal: Path) -> None:
+        """Keep `size` addresses reserved per pool for ADDs to take (whereabouts/stock.py),
+        after finishing the rewrites a previous daemon left and giving back its leftovers."""
+        self.stock = Stock(self, size, journal, self._side)
+        self.stock.recover()
+        self.stock.drop(self.node)
 
     def close(self) -> None:
         self._side.shutdown(wait=False)
@@ -82,7 +92,11 @@ class Allocator:
         held: list[Held] = []
         try:
             for rng, name in self.ranges_of(cfg):
-                held.append(self._allocate_one(cfg, rng, name, container_id, ifname, labels or {}))
+                entry = Allocation(container_id, cfg.podref, ifname)
+                taken = None if labels else self._from_stock(cfg, rng, name, entry)
+                held.append(taken or self.allocate_one(cfg, rng, name, entry, labels or {}))
+                if self.stock is not None:
+                    self.stock.refill(cfg, rng, name)
         except BaseException:
             for done in held:
                 try:
@@ -92,16 +106,30 @@ class Allocator:
             raise
         return [ip_config(cfg, h.range, h.value) for h in held]
 
-    def _allocate_one(
+    def _from_stock(
+        self, cfg: WhereaboutsConfig, rng: IPRange, name: str, entry: Allocation
+    ) -> Held | None:
+        """The container's address already (an ADD again), else one reserved ahead."""
+        if self.stock is None:
+            return None
+        self.stock.wait(entry.id, entry.ifname)
+        pool = self.store.get(name, rng.cidr, create=False, shared=not cfg.node_slice_size)
+        key = pool.find(entry.id, entry.ifname) if pool is not None else None
+        value = rng.from_offset(key) if key is not None else None
+        if key is not None and value is not None:
+            return Held(rng, name, key, value)
+        return self.stock.take(cfg, rng, name, entry)
+
+    def allocate_one(
         self,
         cfg: WhereaboutsConfig,
         rng: IPRange,
         name: str,
-        container_id: str,
-        ifname: str,
+        entry: Allocation,
         labels: Mapping[str, str],
     ) -> Held:
-        entry = Allocation(container_id, cfg.podref, ifname)
+        """`entry`'s address in `rng` (pool `name`): the one it holds, else the lowest free."""
+        container_id, ifname = entry.id, entry.ifname
         elsewhere: set[int] = set()  # held in an overlapping range (a reservation says so)
         pool = self._pool(name, rng, not cfg.node_slice_size)
         for _ in range(ATTEMPTS):
@@ -208,6 +236,8 @@ class Allocator:
 
     def release(self, cfg: WhereaboutsConfig, container_id: str, ifname: str) -> None:
         """Free what the container+interface holds in each range (nothing held: success)."""
+        if self.stock is not None:
+            self.stock.wait(container_id, ifname)
         for rng, name in self.ranges_of(cfg):
             held = self.holding(rng, name, container_id, ifname)
             if held is not None:
@@ -273,6 +303,8 @@ class Allocator:
     ) -> None:
         """Each range's pool holds the container+interface's address (and the previous
         result, when given, reports it); CNIError(100) naming what is missing."""
+        if self.stock is not None:
+            self.stock.wait(container_id, ifname)
         for rng, name in self.ranges_of(cfg):
             pool = self.store.refresh(name)
             key = pool.find(container_id, ifname) if pool is not None else None
@@ -310,8 +342,8 @@ class Allocator:
             cid, ifname = str(spec.get("containerid", "")), str(spec.get("ifname", ""))
             if not cid or not pool or (pools is not None and pool not in pools):
                 continue
-            if CLAIM_LABEL in (meta.get("labels") or {}):
-                continue  # an IPAMClaim's: released when the claim is deleted
+            if {CLAIM_LABEL, STOCK_LABEL} & set(meta.get("labels") or {}):
+                continue  # an IPAMClaim's (released when it is deleted), or reserved ahead
             if not dead(node, cid, ifname):
                 continue
             self._free(pool, cid, ifname)
@@ -322,6 +354,11 @@ class Allocator:
                 extra={"pool": pool, "container": cid, "ifname": ifname, "node": node},
             )
         return released
+
+    @staticmethod
+    def reservation_name(cfg: WhereaboutsConfig, addr: IPAddress) -> str:
+        """The name of the reservation of `addr` in `cfg`'s network."""
+        return reservation_of(cfg, addr)
 
     def pools_of(self, cfg: WhereaboutsConfig) -> set[str]:
         """The names of the config's pools."""

@@ -3,12 +3,13 @@
 `ClusterIPAM` is made once per daemon with the daemon's API client (never one a config
 names), its node name and the namespace the pools live in (whereabouts' default is
 kube-system); delegates.builtin runs it wherever a hosted plugin's `ipam.type` is
-`whereabouts`. Verbs: ADD allocates (one address per range) and returns them with the
-config's static addresses, routes and DNS (with an IPAMClaim named: the claim's, see
-claims.py); DEL releases by container ID + interface;
-CHECK reads the pools afresh and finds the allocation there; GC releases this node's
-allocations missing from `cni.dev/valid-attachments`; STATUS says whether the API server
-takes a pool write (a dry run, answered from cache for STATUS_SECONDS).
+`whereabouts`. With `reserve` it keeps addresses reserved ahead per pool (stock.py), the
+rewrites in flight under `journal`. Verbs: ADD allocates (one address per range) and
+returns them with the config's static addresses, routes and DNS (with an IPAMClaim
+named: the claim's, see claims.py); DEL releases by container ID + interface; CHECK reads
+the pools afresh and finds the allocation there; GC releases this node's allocations
+missing from `cni.dev/valid-attachments`; STATUS says whether the API server takes a pool
+write (a dry run, answered from cache for STATUS_SECONDS).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from cni import callscope
@@ -40,7 +42,13 @@ class ClusterIPAM:
     """cni.skel.Plugin for `"ipam": {"type": "whereabouts"}`, over one API client."""
 
     def __init__(
-        self, api: KubeAPI, node: str, namespace: str = DEFAULT_NAMESPACE, watch: bool = True
+        self,
+        api: KubeAPI,
+        node: str,
+        namespace: str = DEFAULT_NAMESPACE,
+        watch: bool = True,
+        reserve: int = 0,
+        journal: Path | None = None,
     ) -> None:
         self.api = api
         self.node = node
@@ -48,6 +56,8 @@ class ClusterIPAM:
         slices = Slices(api, namespace, node) if node else None
         self.allocator = Allocator(self.store, node, slices)
         self.claims = Claims(api)
+        if reserve and journal is not None:
+            self.allocator.reserve_ahead(reserve, journal)
         self._status: tuple[float, CNIError | None] = (0.0, None)
         self._status_lock = threading.Lock()
 

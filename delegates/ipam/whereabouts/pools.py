@@ -148,6 +148,15 @@ class PoolStore:
         """Drop the allocation at `key` if it is still the one `pool` holds; Taken if not."""
         return self._change(pool.name, Change(key, pool.allocations[key], None))
 
+    def write(self, name: str, change: Change) -> Pool:
+        """Apply one change to pool `name`; Taken if its key no longer holds `before`."""
+        return self._change(name, change)
+
+    def list_pools(self) -> list[Pool]:
+        """Every pool of the namespace, read now."""
+        found = self._call("GET", f"{self.base}/ippools") or {}
+        return [Pool.read(obj) for obj in found.get("items") or [] if isinstance(obj, dict)]
+
     def _change(self, name: str, change: Change) -> Pool:
         try:
             return self._batches.write(name, change)
@@ -240,6 +249,12 @@ class PoolStore:
             self._call("DELETE", path, body, missing_ok=True, taken=(409,))
         except Taken:
             log.info("reservation changed before its delete; left", extra={"name": path})
+
+    def relabel(self, name: str, spec: dict[str, str], labels: dict[str, str | None]) -> None:
+        """Merge `spec` and `labels` (None removes one) into reservation `name`."""
+        body = {"metadata": {"labels": labels}, "spec": spec}
+        path = f"{self.base}/overlappingrangeipreservations/{name}"
+        self._call("PATCH", path, body, "application/merge-patch+json", missing_ok=True)
 
     def reservations(self, selector: str) -> list[dict[str, Any]]:
         """The reservations matching label selector `selector`."""
