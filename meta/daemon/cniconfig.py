@@ -23,10 +23,13 @@ from cni import jsonio
 from cni.config import chained_plugins, with_chained_plugins
 from cni.errors import CNIError, ErrorCode
 from cni.fileio import write_atomic
+from cni.version import is_supported, version_at_least
 from meta.attachments import CONF_SUFFIXES
 from meta.daemon.config import DAEMON_ONLY_KEYS, NETWORK_NAME, DaemonConfig
 
 log = logging.getLogger("plexus.daemon")
+
+STATUS_VERSION = "1.1.0"  # the first CNI version with STATUS (and GC)
 
 # Keys of the daemon's config that mean nothing to the per-call engine (the shim reads
 # socketDir from each call's config).
@@ -54,6 +57,10 @@ def build(
 
     Its cniVersion is the primary's: the runtime is known to accept that one (a newer
     one of our own may be more than its libcni reads), and Plexus speaks every version.
+    Below 1.1.0, `cniVersions` adds 1.1.0: libcni 1.3 (containerd 2.x) picks the highest
+    it knows, so it calls STATUS and the daemon's readiness is the node's NetworkReady;
+    older libcni reads `cniVersion` only. Not with chained plugins of our own: they run at
+    the list's version, and only the primary's is known to suit the node's plugins.
     The chain is inlined and `loadOnlyInlinedPlugins` set, so every runtime runs the same
     one: libcni before 1.3 (containerd 1.6) never reads `<net.d>/plexus-cni-network/`, and
     containerd 2.x reloads only when a file in net.d changes, not when that directory does.
@@ -72,8 +79,10 @@ def build(
     plugin: dict[str, Any] = {"type": "plexus", **settings, "delegates": [primary]}
     if capabilities:
         plugin["capabilities"] = dict.fromkeys(capabilities, True)
-    return {
-        "cniVersion": version,
+    conflist: dict[str, Any] = {"cniVersion": version}
+    if not chained and is_supported(version) and not version_at_least(version, STATUS_VERSION):
+        conflist["cniVersions"] = [version, STATUS_VERSION]
+    return conflist | {
         "name": NETWORK_NAME,
         "loadOnlyInlinedPlugins": True,
         "plugins": [plugin, *chained],

@@ -48,7 +48,8 @@ class Runtime:
     network: str
 
     def netns_names(self) -> set[str]:
-        return {p.name for p in NETNS_DIR.glob("cni-*")} if NETNS_DIR.is_dir() else set()
+        """Our sandboxes' netns (as seen through CRI) that still exist."""
+        return {name for name in self.containerd.netns_seen if (NETNS_DIR / name).exists()}
 
     def libcni_results(self) -> set[str]:
         results = LIBCNI_CACHE / "results"
@@ -131,7 +132,6 @@ def running_runtime(root: Path, release: ctrd.Release) -> Iterator[Runtime]:
         release=release,
     )
     rt = Runtime(node=node, containerd=cd, network=network)
-    netns_before = rt.netns_names()
     try:
         cd.start()
         cd.import_image(build_pause_image(root))
@@ -139,11 +139,14 @@ def running_runtime(root: Path, release: ctrd.Release) -> Iterator[Runtime]:
     finally:
         try:
             if cd.proc is not None:
+                for sandbox_id in cd.sandboxes():  # their netns, should teardown leave one
+                    with contextlib.suppress(grpc.RpcError, KeyError, AssertionError):
+                        cd.netns_path(sandbox_id)
                 cd.teardown_all()
         finally:
             cd.stop()
             # What containerd may have left: sandbox netns, libcni results, mounts, cgroups.
-            for name in rt.netns_names() - netns_before:
+            for name in rt.netns_names():
                 subprocess.run(["umount", str(NETNS_DIR / name)], capture_output=True, check=False)
                 with contextlib.suppress(OSError):
                     (NETNS_DIR / name).unlink()

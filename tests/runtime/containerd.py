@@ -113,6 +113,9 @@ class Containerd:
         self.config = workdir / "config.toml"
         self.log = workdir / "containerd.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        # Names in /run/netns of this containerd's sandboxes, as seen: that dir is the
+        # host's, shared with every other runtime on the machine.
+        self.netns_seen: set[str] = set()
         self._channel: grpc.Channel | None = None
         self._stub: cri_grpc.RuntimeServiceStub | None = None
 
@@ -364,6 +367,7 @@ disabled_plugins = [
         _, info = self.status(sandbox_id)
         for ns in info["runtimeSpec"]["linux"]["namespaces"]:
             if ns["type"] == "network":
+                self.netns_seen.add(Path(ns["path"]).name)
                 return str(ns["path"])
         raise AssertionError(f"sandbox {sandbox_id} has no network namespace")
 

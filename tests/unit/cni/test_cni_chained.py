@@ -12,6 +12,7 @@ import pytest
 
 from cni.config import with_chained_plugins
 from cni.errors import CNIError, ErrorCode
+from cni.version import select_version
 from meta.attachments import Resolver, find_conf_file
 from meta.config import MetaConfig
 from meta.daemon.cniconfig import ConfigWriter
@@ -188,10 +189,24 @@ def test_our_own_network_s_chain_is_inlined_for_every_runtime(tmp_path: Path) ->
     assert _types(conf) == ["plexus", "portmap"] and conf["plugins"][1] == PORTMAP
     assert _delegate_types(generated) == ["bridge"]  # the primary's chain is not ours
     assert with_chained_plugins(conf, generated) is conf  # a libcni 1.3 runtime adds nothing
+    assert "cniVersions" not in conf  # portmap runs at the primary's 1.0.0 everywhere
 
     (tmp_path / "plexus-cni-network" / "60-portmap.conf").unlink()
     assert writer.sync()
-    assert _types(json.loads(generated.read_text())) == ["plexus"]
+    conf = json.loads(generated.read_text())
+    assert _types(conf) == ["plexus"]
+    # Alone, Plexus offers 1.1.0 to a libcni that reads cniVersions (STATUS), 1.0.0 to others.
+    assert (conf["cniVersion"], conf["cniVersions"]) == ("1.0.0", ["1.0.0", "1.1.0"])
+    assert select_version(conf) == "1.1.0"
+
+
+@pytest.mark.parametrize("version", ["1.1.0", "0.3.1"])
+def test_cni_versions_only_when_they_add_1_1_0(tmp_path: Path, version: str) -> None:
+    _write(tmp_path / "10-net.conflist", {**_conflist(), "cniVersion": version})
+    assert _writer(tmp_path).sync()
+    conf = json.loads((tmp_path / "00-plexus.conflist").read_text())
+    expected = [version, "1.1.0"] if version != "1.1.0" else None
+    assert (conf["cniVersion"], conf.get("cniVersions")) == (version, expected)
 
 
 @pytest.mark.parametrize("directory", ["net", "plexus-cni-network"])

@@ -165,7 +165,7 @@ def test_inspect_reads_a_daemon_config_and_the_generated_conflist(tmp_path: Path
     meta = load_node_config(str(net_d / "00-plexus.conflist"))
     assert (meta.name, meta.cni_version, meta.cni_dir) == (
         "plexus-cni-network",
-        "1.0.0",
+        "1.1.0",  # its cniVersions' highest, as libcni 1.3 reads it
         str(tmp_path / "s2"),
     )
 
