@@ -31,14 +31,29 @@ class KubeNode:
         port = int(cluster.server.rsplit(":", 1)[1])
         self.forward = LoopbackForward(f"/run/netns/{node.name}", port)
         self.forward.start()
+        self.extra: dict[str, Any] = {}
         self.daemon = Daemon(node, **self.settings())
         self.daemon.start()
 
     def settings(self, **extra: Any) -> dict[str, Any]:
-        return {"clusterDir": "", "kubeconfig": str(self.cluster.kubeconfig), **extra}
+        return {"clusterDir": "", "kubeconfig": str(self.cluster.kubeconfig), **self.extra, **extra}
 
     def conf(self, **extra: Any) -> dict[str, Any]:
         return self.node.meta(**self.settings(**extra))
+
+    def configure(self, **extra: Any) -> None:
+        """Run the daemon with these settings on top of the usual ones (a call's config
+        cannot override the daemon's: meta/authority.py); what was added under the old
+        ones is DELeted through the old daemon first."""
+        if extra == self.extra:
+            return
+        for call in reversed(self.node.added):
+            self.node.cni("DEL", **call)
+        self.node.added.clear()
+        self.daemon.stop()
+        self.extra = extra
+        self.daemon = Daemon(self.node, **self.settings())
+        self.daemon.start()
 
     def cached(self, resource: str) -> int:
         """How many objects of `resource` ("pods", "nads") the daemon's informer holds."""
@@ -104,7 +119,9 @@ class KubeNode:
         )
         return pod
 
-    def add(self, pod: str, uid: str, namespace: str = "", **conf: Any) -> tuple[str, Any]:
+    def add(self, pod: str, uid: str, namespace: str = "", **settings: Any) -> tuple[str, Any]:
+        """ADD through a daemon run with `settings` (restarted if they changed)."""
+        self.configure(**settings)
         netns = self.node.pod_netns()
         done = self.node.cni(
             "ADD",
@@ -113,7 +130,7 @@ class KubeNode:
             pod=pod,
             uid=uid,
             namespace=namespace or self.namespace,
-            conf=self.conf(**conf),
+            conf=self.conf(),
         )
         return netns, done
 

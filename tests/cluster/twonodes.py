@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from delegates.ipam.whereabouts.ranges import pool_name
+from delegates.netns import run_in_netns
 from meta.daemon.config import NETWORK_NAME
 from tests.cluster import install, kubelet
 from tests.cluster.apiserver import CONTROLLERS, Cluster, binary
@@ -257,3 +258,7 @@ def check_networks(pod: PodOnNode, namespace: str) -> None:
     assert ipaddress.ip_address(pod.ip("eth0")) in ipaddress.ip_network(pod.kn.pod_subnet)
     assert ipaddress.ip_address(pod.ip("net1")) in ipaddress.ip_network(LAN_SUBNET)
     assert pod.sandbox_id in pod.kn.records()
+    # The in-process macvlan's sysctl landed, as the reference plugin's does, though an
+    # installed daemon's container (not privileged) has a read-only /proc/sys of its own.
+    arp_notify = Path("/proc/sys/net/ipv4/conf/net1/arp_notify")
+    assert run_in_netns(pod.netns, lambda: arp_notify.read_text().strip()) == "1"
