@@ -30,12 +30,6 @@ ALLOWED = (
         "guest tests collected on the host: they run in the VM and are reported there "
         "as tests/vm/test_guest_suite.py::test_guest[...]",
     ),
-    AllowedSkip(
-        r"test_dra\.py::test_dra_prepare_binds_the_vf_and_unprepare_restores_it\[vfio-pci\]",
-        r"vfio-pci cannot bind: the VM has no IOMMU",
-        "vfio-pci needs an IOMMU (or a kernel with VFIO_NOIOMMU); QEMU's emulated machine "
-        "has neither",
-    ),
 )
 
 _ALLOWED_KEY = pytest.StashKey[list[tuple[str, AllowedSkip]]]()
