@@ -138,8 +138,8 @@ class Setup:
         finally:
             daemon.stop()
 
-    def pod(self, name: str, node: str) -> str:
-        """A pod on contender `name`'s node `node` asking for the NAD; its CNI_ARGS."""
+    def pod(self, contender: str, node: str) -> str:
+        """A pod on `contender`'s node `node` asking for the NAD; its CNI_ARGS."""
         self.pods += 1
         name = f"pod-{self.pods}"
         created = self.cluster.create(
@@ -147,7 +147,7 @@ class Setup:
             {
                 "metadata": {"name": name, "annotations": {"k8s.v1.cni.cncf.io/networks": NAD}},
                 "spec": {
-                    "nodeName": node_name(name, node),
+                    "nodeName": node_name(contender, node),
                     "containers": [{"name": "app", "image": "pause"}],
                 },
             },
@@ -210,7 +210,7 @@ def burst(setup: Setup, name: str, pods: int) -> dict[str, float]:
     calls: dict[str, list[tuple[str, str, str]]] = {node: [] for node in NODES}
     for i in range(pods):
         node = NODES[i % len(NODES)]
-        cid = f"burst-{setup.bench.tag}-{name.split()[0]}-{i}"
+        cid = f"burst-{setup.bench.tag}-{node_name(name, node)}-{i}"
         calls[node].append((cid, f"/run/netns/{setup.bench.pod()}", setup.pod(name, node)))
     time.sleep(SETTLE)
     failed = [0]
