@@ -15,7 +15,6 @@ import logging
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from ipaddress import ip_interface
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,7 +24,7 @@ from cni.result import IPConfig
 from delegates.ipam.common import CHECK_FAILED, IPAddress
 from delegates.ipam.whereabouts.config import WhereaboutsConfig
 from delegates.ipam.whereabouts.labels import CLAIM_LABEL, NODE_LABEL, POOL_ANNOTATION, STOCK_LABEL
-from delegates.ipam.whereabouts.objects import Allocation, Pool, Taken
+from delegates.ipam.whereabouts.objects import Allocation, Held, Pool, Taken
 from delegates.ipam.whereabouts.pools import PoolStore
 from delegates.ipam.whereabouts.ranges import IPRange, RangeError, pool_name, reservation_name
 from delegates.ipam.whereabouts.slices import Slices
@@ -40,20 +39,6 @@ SIDE_THREADS = 32
 """Reservation creates in flight at once: one per concurrent ADD (the daemon serves 32 by
 default); fewer made a burst's reservations queue behind each other."""
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
-
-
-@dataclass(frozen=True)
-class Held:
-    """An address a container holds: its range, pool and pool key."""
-
-    range: IPRange
-    pool: str
-    key: str
-    value: int
-
-    @property
-    def address(self) -> IPAddress:
-        return self.range.address(self.value)
 
 
 class Allocator:

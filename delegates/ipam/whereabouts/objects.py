@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from delegates.ipam.common import IPAddress
 from delegates.ipam.whereabouts.ranges import IPRange
 
 GROUP_VERSION = "whereabouts.cni.cncf.io/v1alpha1"
@@ -88,3 +89,17 @@ class Pool:
 
 def _version(rv: str) -> int:
     return int(rv) if rv.isdigit() else -1
+
+
+@dataclass(frozen=True)
+class Held:
+    """An address a container holds: its range, pool and pool key."""
+
+    range: IPRange
+    pool: str
+    key: str
+    value: int
+
+    @property
+    def address(self) -> IPAddress:
+        return self.range.address(self.value)

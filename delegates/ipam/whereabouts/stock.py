@@ -21,19 +21,37 @@ import logging
 import threading
 import uuid
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from delegates.ipam.common import IPAddress
 from delegates.ipam.whereabouts.batches import Change
+from delegates.ipam.whereabouts.config import WhereaboutsConfig
 from delegates.ipam.whereabouts.labels import NODE_LABEL, STOCK_LABEL
-from delegates.ipam.whereabouts.objects import Allocation, Taken
+from delegates.ipam.whereabouts.objects import Allocation, Held, Taken
+from delegates.ipam.whereabouts.pools import PoolStore
 from delegates.ipam.whereabouts.ranges import IPRange
 
-if TYPE_CHECKING:
-    from delegates.ipam.whereabouts.allocator import Allocator, Held
-    from delegates.ipam.whereabouts.config import WhereaboutsConfig
+
+class Allocator(Protocol):
+    """What the stock needs of delegates.ipam.whereabouts.allocator.Allocator."""
+
+    store: PoolStore
+    node: str
+
+    def allocate_one(
+        self,
+        cfg: WhereaboutsConfig,
+        rng: IPRange,
+        name: str,
+        entry: Allocation,
+        labels: Mapping[str, str],
+    ) -> Held: ...
+
+    def reservation_name(self, cfg: WhereaboutsConfig, addr: IPAddress) -> str: ...
+
 
 log = logging.getLogger("plexus.ipam")
 
@@ -66,8 +84,6 @@ class Stock:
     ) -> Held | None:
         """A reserved address of pool `name` for `entry`, its rewrite started; None when
         the pool has none here (the caller refills it once its own address is written)."""
-        from delegates.ipam.whereabouts.allocator import Held
-
         with self._lock:
             free = self._free.get(name)
             found = free.popleft() if free else None
