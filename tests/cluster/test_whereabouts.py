@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import CollectorRegistry
 
 from cni import callscope
 from cni.env import cni_env
@@ -28,7 +30,7 @@ from delegates.ipam.common import CHECK_FAILED
 from delegates.ipam.whereabouts.plugin import ClusterIPAM
 from kube.api import KubeAPI
 from meta.daemon.config import DaemonConfig
-from meta.daemon.ipam import DaemonIPAM
+from meta.daemon.ipam import DaemonIPAM, _PoolUsage
 from meta.records import AttachmentRecord, RecordStore
 from meta.sources.kube import KubeSource
 from tests.cluster.apiserver import ApiError, Cluster
@@ -482,6 +484,11 @@ def test_reconcile_releases_this_nodes_dead_containers_only(
         "elsewhere",
     ]
     assert len(reservations(crds, namespace)) == 2
+    registry = CollectorRegistry()
+    registry.register(_PoolUsage(daemon))
+    text = generate_latest(registry).decode()
+    assert 'plexus_ipam_addresses{pool="10.28.0.0-24",state="used"} 2.0' in text
+    assert 'plexus_ipam_addresses{pool="10.28.0.0-24",state="free"} 252.0' in text
 
 
 def test_the_lease_holder_releases_the_addresses_of_deleted_nodes(
