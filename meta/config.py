@@ -62,6 +62,7 @@ DAEMON_KEYS = frozenset(
         "auxiliaryCNIChainName",
         "whereaboutsNamespace",
         "ipamReconcileSeconds",
+        "ipamReserve",
     }
 )
 """meta.daemon.config.DaemonConfig's own keys (the shim reads socketDir from every call)."""
