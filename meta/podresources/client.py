@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cni.errors import CNIError, ErrorCode
-from deviceplugin.provision.holders import KubeletAllocation
 from meta.podresources import checkpoint
 from meta.podresources.checkpoint import DEFAULT_CHECKPOINT
 
 if TYPE_CHECKING:
+    from deviceplugin.provision.holders import KubeletAllocation
     from meta.podresources import api_pb2
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -79,6 +79,9 @@ class PodResourcesClient:
         """Every pod's devices, for SR-IOV provisioning: PodResources `List` (pods by name);
         while its socket is absent the checkpoint (pods by UID); neither: no kubelet has
         allocated anything here. Raises CNIError when the socket is there but fails."""
+        # The provisioning agent's type, imported where it asks (not by the CNI daemon).
+        from deviceplugin.provision.holders import KubeletAllocation
+
         if os.path.exists(self.socket_path):
             try:
                 listed = self._list()

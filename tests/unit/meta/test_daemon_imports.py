@@ -51,3 +51,15 @@ def test_the_daemon_talks_to_the_api_server_without_urllib3() -> None:
 
     assert "kube.api" in loaded
     assert not any(name.split(".")[0] == "urllib3" for name in loaded)
+
+
+def test_the_cni_daemon_loads_nothing_of_the_device_plugin() -> None:
+    """The device plugin, DRA driver and provisioning agent run in their own process:
+    their modules in the CNI daemon are memory for nothing (its idle RSS is a bar)."""
+    loaded = _modules_after(
+        "import meta.daemon.main\nimport meta.engine\nimport meta.sources.kube\n"
+        "import meta.podresources.client"
+    )
+
+    assert "meta.podresources.client" in loaded
+    assert not any(name.split(".")[0] == "deviceplugin" for name in loaded)
