@@ -28,9 +28,7 @@ def shim_round_trip(runs: int) -> dict[str, float]:
     root = Path(tempfile.mkdtemp(prefix="plexus-bench-"))
     bench = Bench(root)
     try:
-        bench.start_daemon(1)
-        assert bench.daemon is not None
-        conf = bench.meta("plexus", 1, socketDir=str(root / "run"))
+        conf = bench.start_daemon(1)
         shim, thin = str(bench.bin / "plexus"), str(bench.bin / "plexus-thin")
         rounds = [
             (
@@ -40,7 +38,7 @@ def shim_round_trip(runs: int) -> dict[str, float]:
             )
             for _ in range(runs)
         ]
-        status = Path(f"/proc/{bench.daemon.pid}/status").read_text()
+        status = Path(f"/proc/{bench.daemons[0].pid}/status").read_text()
         rss = next(
             int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")
         )
@@ -61,18 +59,14 @@ def measure(runs: int, extras_list: list[int]) -> list[dict[str, Any]]:
     rows = []
     try:
         for extras in extras_list:
-            bench.start_daemon(extras)
+            default_only = bench.start_daemon(0, "run-default")
+            full = bench.start_daemon(extras)
             shim, thin = str(bench.bin / "plexus"), str(bench.bin / "plexus-thin")
-            sockets = str(root / "run")
             contenders: dict[str, Callable[[], float]] = {
                 "raw default only": partial(raw_add, bench, 0),
                 "raw delegates": partial(raw_add, bench, extras),
-                "plexus default only": partial(
-                    one_add, bench, shim, bench.meta("plexus", 0, socketDir=sockets)
-                ),
-                "plexus shim+daemon": partial(
-                    one_add, bench, shim, bench.meta("plexus", extras, socketDir=sockets)
-                ),
+                "plexus default only": partial(one_add, bench, shim, default_only),
+                "plexus shim+daemon": partial(one_add, bench, shim, full),
                 "plexus thin": partial(one_add, bench, thin, bench.meta("plexus", extras)),
             }
             if (bench.bin / "multus").exists():
@@ -90,7 +84,7 @@ def measure(runs: int, extras_list: list[int]) -> list[dict[str, Any]]:
             base = statistics.median(samples.pop("exec baseline"))
             medians = {name: statistics.median(v) - base for name, v in samples.items()}
             rows.append({"extras": extras, "runs": runs, "baseline_ms": base, **medians})
-            bench.stop_daemon()
+            bench.stop_daemons()
     finally:
         bench.close()
         shutil.rmtree(root, ignore_errors=True)

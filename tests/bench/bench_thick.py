@@ -286,6 +286,7 @@ class Thick:
                     "socketDir": str(root / "plexus-run"),
                     "metricsPort": 0,
                     "logToStderr": True,
+                    "allowedHostPaths": [str(self.bench.root)],  # the NADs' leases
                 }
             )
         )

@@ -53,7 +53,7 @@ class Bench:
         install_binaries(self.bin)
         if (GO_TOOLS / "multus").exists():
             (self.bin / "multus").symlink_to(GO_TOOLS / "multus")
-        self.daemon: subprocess.Popen[bytes] | None = None
+        self.daemons: list[subprocess.Popen[bytes]] = []
         self.count = 0
 
     def ns(self, *cmd: str) -> None:
@@ -101,31 +101,35 @@ class Bench:
                 cniDir=str(self.root / "plexus"),
                 logToStderr=False,
                 logFile=str(self.root / "plexus.log"),
+                allowedHostPaths=[str(self.root)],  # the NADs' leases are under it
             )
         else:
             conf.update(cniDir=str(self.root / "multus"), logLevel="panic")
         return conf
 
-    def start_daemon(self, extras: int) -> None:
-        config = self.root / "daemon.json"
-        config.write_text(
-            json.dumps(self.meta("plexus", extras, socketDir=str(self.root / "run"), metricsPort=0))
-        )
+    def start_daemon(self, extras: int, name: str = "run") -> dict[str, Any]:
+        """A daemon serving the meta config with `extras` secondaries, its socket in
+        <root>/<name>; the config a call to it must carry (a daemon serves only its own)."""
+        conf = self.meta("plexus", extras, socketDir=str(self.root / name), metricsPort=0)
+        config = self.root / f"{name}.json"
+        config.write_text(json.dumps(conf))
         plexus = Path(sys.executable).parent / "plexus"
-        self.daemon = subprocess.Popen(
+        daemon = subprocess.Popen(
             ["ip", "netns", "exec", self.node, str(plexus), "daemon", "--config", str(config)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        while not (self.root / "run" / "plexus.sock").exists():
-            assert self.daemon.poll() is None, "daemon failed to start"
+        self.daemons.append(daemon)
+        while not (self.root / name / "plexus.sock").exists():
+            assert daemon.poll() is None, "daemon failed to start"
             time.sleep(0.05)
+        return conf
 
-    def stop_daemon(self) -> None:
-        if self.daemon is not None:
-            self.daemon.send_signal(signal.SIGTERM)
-            self.daemon.wait()
-            self.daemon = None
+    def stop_daemons(self) -> None:
+        for daemon in self.daemons:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait()
+        self.daemons.clear()
 
     def env(
         self, verb: str, cid: str, netns: str, ifname: str = "eth0", args: str = "IgnoreUnknown=1"
@@ -171,7 +175,7 @@ class Bench:
         return name
 
     def close(self) -> None:
-        self.stop_daemon()
+        self.stop_daemons()
         out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         for line in out.splitlines():
             name = line.split()[0]
