@@ -46,26 +46,32 @@ def open_netns(path: str) -> int:
         ) from exc
 
 
-def _setns(fd: int, path: str) -> None:
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        code = ErrorCode.UNKNOWN_CONTAINER if err == errno.EINVAL else ErrorCode.IO_FAILURE
-        raise CNIError(code, f"cannot enter network namespace {path}", os.strerror(err))
+def _enter(path: str) -> None:
+    """Move this thread into the namespace at `path`."""
+    target = open_netns(path)
+    try:
+        if _libc.setns(target, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            code = ErrorCode.UNKNOWN_CONTAINER if err == errno.EINVAL else ErrorCode.IO_FAILURE
+            raise CNIError(code, f"cannot enter network namespace {path}", os.strerror(err))
+    finally:
+        os.close(target)
+
+
+def _run_in(path: str, home: int, fn: Callable[[], T]) -> T:
+    """`fn` called in the namespace at `path`, then back to the one `home` holds."""
+    _enter(path)
+    try:
+        return fn()
+    finally:
+        _return_home(home)
 
 
 def run_in_netns(path: str, fn: Callable[[], T]) -> T:
     """Call `fn` on this thread inside the network namespace at `path`."""
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        target = open_netns(path)
-        try:
-            _setns(target, path)
-        finally:
-            os.close(target)
-        try:
-            return fn()
-        finally:
-            _return_home(home)
+        return _run_in(path, home, fn)
     finally:
         os.close(home)
 
@@ -111,16 +117,7 @@ def run_where(where: Where, fn: Callable[[], T]) -> T:
         _homed.done = True
     if where.netns == _HOME_ID:
         return fn()
-    path = f"/proc/self/task/{where.tid}/ns/net"
-    target = open_netns(path)
-    try:
-        _setns(target, path)
-    finally:
-        os.close(target)
-    try:
-        return fn()
-    finally:
-        _return_home(_HOME)
+    return _run_in(f"/proc/self/task/{where.tid}/ns/net", _HOME, fn)
 
 
 def netns_exists(path: str) -> bool:
