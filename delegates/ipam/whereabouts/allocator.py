@@ -2,9 +2,11 @@
 
 One address per range, from the range's pool: the lowest free one, as whereabouts picks
 it. With overlapping ranges enabled (the default) the address also gets its
-OverlappingRangeIPReservation, created beside the pool write (both in flight at once);
-either one failing its condition undoes the other and the next address is tried. No
-lock is taken outside this process. An allocation is the container's (ID + interface),
+OverlappingRangeIPReservation, created once the pool write holds (whereabouts' order: the
+pool decides who gets an address, so a whereabouts binary racing for the same address
+loses its pool write and never meets a reservation of Plexus's); a reservation that
+exists already undoes the pool write and the next address is tried. No lock is taken
+outside this process. An allocation is the container's (ID + interface),
 not the pod name's: a pod recreated under the same name (a StatefulSet's) gets an
 address of its own, and its predecessor's stays until its DEL or GC releases it.
 """
@@ -14,10 +16,10 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from ipaddress import ip_interface
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from cni.errors import CNIError, ErrorCode
 from cni.result import IPConfig
@@ -32,12 +34,10 @@ from delegates.ipam.whereabouts.stock import Stock
 
 log = logging.getLogger("plexus.ipam")
 
-T = TypeVar("T")
-
 ATTEMPTS = 100  # as whereabouts' DatastoreRetries
 SIDE_THREADS = 32
-"""Reservation creates in flight at once: one per concurrent ADD (the daemon serves 32 by
-default); fewer made a burst's reservations queue behind each other."""
+"""Rewrites and refills of addresses reserved ahead (stock.py) in flight at once: one per
+concurrent ADD (the daemon serves 32 by default)."""
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
@@ -156,46 +156,29 @@ class Allocator:
         addr: IPAddress,
         labels: Mapping[str, str],
     ) -> str:
-        """The pool write and (overlapping) the reservation, at once: "done", "taken" (the
-        pool's key was), or "reserved" (the address is held in an overlapping range)."""
-        if not cfg.overlapping:
-            try:
-                self.store.add(pool, key, entry)
-            except Taken:
-                return "taken"
-            return "done"
-        name = _object_name(reservation_name(addr, cfg.network_name), cfg)
-        spec = {"containerid": entry.id, "podref": entry.podref, "ifname": entry.ifname}
-        reserving = self._side.submit(
-            self.store.reserve,
-            name,
-            spec,
-            {NODE_LABEL: self.node, **labels},
-            {POOL_ANNOTATION: pool.name},
-        )
-        written: Pool | None = None
-        failure: BaseException | None = None
+        """The pool write, then (overlapping) the reservation: "done", "taken" (the pool's
+        key was), or "reserved" (the address is held in an overlapping range)."""
         try:
             written = self.store.add(pool, key, entry)
         except Taken:
-            pass
-        except BaseException as exc:
-            failure = exc
-        reservation, reserve_failure = _outcome(reserving)
-        if isinstance(reserve_failure, Taken):
-            reservation = self._ours(name, entry)
-            reserve_failure = None if reservation is not None else reserve_failure
-        if written is not None and reservation is not None:
+            return "taken"
+        if not cfg.overlapping:
             return "done"
-        if written is not None:  # the reservation is someone else's (or failed): undo
+        name = _object_name(reservation_name(addr, cfg.network_name), cfg)
+        spec = {"containerid": entry.id, "podref": entry.podref, "ifname": entry.ifname}
+        try:
+            self.store.reserve(
+                name, spec, {NODE_LABEL: self.node, **labels}, {POOL_ANNOTATION: pool.name}
+            )
+        except Taken:
+            if self._ours(name, entry) is not None:
+                return "done"  # an earlier attempt's
             self._quietly(lambda: self._unwrite(written, key))
-        if reservation is not None:
-            self._quietly(lambda: self.store.unreserve(reservation))
-        if failure is not None:
-            raise failure
-        if reserve_failure is not None and not isinstance(reserve_failure, Taken):
-            raise reserve_failure
-        return "reserved" if written is not None or reserve_failure is not None else "taken"
+            return "reserved"
+        except BaseException:
+            self._quietly(lambda: self._unwrite(written, key))
+            raise
+        return "done"
 
     def _ours(self, name: str, entry: Allocation) -> dict[str, Any] | None:
         """Reservation `name` if it is this container's (an earlier attempt's)."""
@@ -392,13 +375,6 @@ class _Union:
     def __iter__(self) -> Iterator[int]:
         for s in self.sets:
             yield from s
-
-
-def _outcome(future: Future[T]) -> tuple[T, None] | tuple[None, BaseException]:
-    try:
-        return future.result(), None
-    except BaseException as exc:
-        return None, exc
 
 
 def _object_name(name: str, cfg: WhereaboutsConfig) -> str:
