@@ -23,7 +23,6 @@ the apiserver on that namespace's loopback), and everything it creates is remove
 
 from __future__ import annotations
 
-import base64
 import collections
 import json
 import os
@@ -32,7 +31,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -40,10 +38,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from delegates.netns import run_in_netns
-from tests.bench.common import GO_TOOLS, Bench, arguments, baseline, one_add, raw_add, sh
+from tests.bench.common import GO_TOOLS, Bench, arguments, baseline, in_bench, one_add, raw_add, sh
 from tests.cluster.apiserver import Cluster, audit_events
 
 NODE = "bench-node"
@@ -72,35 +67,6 @@ RULES = [
         "verbs": ["create", "patch", "update"],
     },
 ]
-
-
-def kubeconfig(cluster: Cluster, pem: Path, path: Path) -> Path:
-    """A kubeconfig with the CA inline and `pem` as the client cert and key."""
-    assert cluster.pki is not None
-    ca = base64.b64encode(cluster.pki.ca_crt.read_bytes()).decode()
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "bench",
-                        "cluster": {"server": cluster.server, "certificate-authority-data": ca},
-                    }
-                ],
-                "users": [
-                    {
-                        "name": "bench",
-                        "user": {"client-certificate": str(pem), "client-key": str(pem)},
-                    }
-                ],
-                "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}],
-                "current-context": "bench",
-            }
-        )
-    )
-    return path
 
 
 def grant(cluster: Cluster, groups: list[str]) -> None:
@@ -206,11 +172,11 @@ class Thick:
         certs.mkdir()
         # Where its certificate store looks first: a current cert means no CSR is needed.
         shutil.copy(multus_pem, certs / "multus-client-current.pem")
-        self.multus_kubeconfig = kubeconfig(cluster, multus_pem, root / "multus.kubeconfig")
+        self.multus_kubeconfig = cluster.kubeconfig_of(multus_pem, root / "multus.kubeconfig")
         self.daemons = {
             "multus thick": stack.enter_context(self.multus_daemon(certs)),
             "plexus daemon": stack.enter_context(
-                self.plexus_daemon(kubeconfig(cluster, plexus_pem, root / "plexus.kubeconfig"))
+                self.plexus_daemon(cluster.kubeconfig_of(plexus_pem, root / "plexus.kubeconfig"))
             ),
         }
         self.uids: dict[str, str] = {}
@@ -505,23 +471,8 @@ def render(result: dict[str, Any]) -> str:
 
 def main() -> None:
     args = arguments(__doc__)
-    missing = [
-        b
-        for b in ("etcd", "kube-apiserver", "multus", "multus-daemon", "multus-shim")
-        if not (GO_TOOLS / b).exists()
-    ]
-    if missing:
-        sys.exit(f"bench_thick: run scripts/build-go-tools.sh first (missing {', '.join(missing)})")
-    root = Path(tempfile.mkdtemp(prefix="plexus-bench-thick-"))
-    bench = Bench(root)
-    try:
-        result = run_in_netns(
-            f"/run/netns/{bench.node}", partial(measure, bench, args.runs, args.extras)
-        )
-    finally:
-        bench.close()
-        shutil.rmtree(root, ignore_errors=True)
-    print(render(result))
+    tools = ("etcd", "kube-apiserver", "multus", "multus-daemon", "multus-shim")
+    print(render(in_bench("bench_thick", tools, lambda b: measure(b, args.runs, args.extras))))
 
 
 if __name__ == "__main__":

@@ -22,22 +22,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from functools import partial
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
-from delegates.netns import run_in_netns
 from tests.bench.bench_thick import Daemon, run_all
-from tests.bench.common import GO_TOOLS, Bench, baseline, one_add, sh
+from tests.bench.common import GO_TOOLS, Bench, baseline, in_bench, one_add, sh
 from tests.cluster.apiserver import Cluster, audit_events
 from tests.cluster.whereabouts import API, WhereaboutsBinary, install_crds
 
@@ -297,19 +293,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--burst", type=int, default=100)
     args = parser.parse_args()
-    missing = [b for b in ("etcd", "kube-apiserver", "whereabouts") if not (GO_TOOLS / b).exists()]
-    if missing:
-        sys.exit(f"bench_whereabouts: run scripts/build-go-tools.sh (missing {', '.join(missing)})")
-    root = Path(tempfile.mkdtemp(prefix="plexus-bench-wb-"))
-    bench = Bench(root)
-    try:
-        result = run_in_netns(
-            f"/run/netns/{bench.node}", partial(measure, bench, args.runs, args.burst)
-        )
-    finally:
-        bench.close()
-        shutil.rmtree(root, ignore_errors=True)
-    print(render(result))
+    tools = ("etcd", "kube-apiserver", "whereabouts")
+    print(render(in_bench("bench_whereabouts", tools, lambda b: measure(b, args.runs, args.burst))))
 
 
 if __name__ == "__main__":

@@ -6,15 +6,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from delegates.netns import run_in_netns
 from meta.install import install_binaries
+
+R = TypeVar("R")
 
 REFERENCE = Path("/usr/lib/cni")
 GO_TOOLS = Path(os.environ.get("PLEXUS_GO_TOOLS", "/var/cache/plexus-go-tools")) / "bin"
@@ -28,6 +34,21 @@ def arguments(doc: str | None) -> argparse.Namespace:
         "--extras", default="1,2,4,8", type=lambda text: [int(x) for x in text.split(",")]
     )
     return parser.parse_args()
+
+
+def in_bench(name: str, tools: Collection[str], measure: Callable[[Bench], R]) -> R:
+    """`measure` of a fresh Bench, run in its node namespace, the Bench and its files gone
+    after; exits naming the Go tools `name` needs when one is missing."""
+    missing = [tool for tool in tools if not (GO_TOOLS / tool).exists()]
+    if missing:
+        sys.exit(f"{name}: run scripts/build-go-tools.sh first (missing {', '.join(missing)})")
+    root = Path(tempfile.mkdtemp(prefix=f"plexus-{name}-"))
+    bench = Bench(root)
+    try:
+        return run_in_netns(f"/run/netns/{bench.node}", lambda: measure(bench))
+    finally:
+        bench.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def sh(*cmd: str) -> None:

@@ -452,6 +452,13 @@ class Cluster:
         pem.write_bytes(crt.read_bytes() + key.read_bytes())
         return pem
 
+    def kubeconfig_of(self, pem: Path, path: Path) -> Path:
+        """The admin's kubeconfig with `pem` (client_certificate's) as its user, at `path`."""
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        config["users"][0]["user"] = {"client-certificate": str(pem), "client-key": str(pem)}
+        path.write_text(yaml.safe_dump(config))
+        return path
+
     # -- REST ------------------------------------------------------------------------------
 
     def request(

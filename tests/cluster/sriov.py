@@ -86,10 +86,7 @@ def service_account_kubeconfig(cluster: Cluster, path: Path) -> Path:
         "system:serviceaccount:kube-system:plexus-deviceplugin",
         ["system:serviceaccounts"],
     )
-    config = yaml.safe_load(cluster.kubeconfig.read_text())
-    config["users"][0]["user"] = {"client-certificate": str(pem), "client-key": str(pem)}
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return cluster.kubeconfig_of(pem, path)
 
 
 class FakeKubeletDevices:

@@ -21,6 +21,7 @@ from deviceplugin.dra.publish import SlicePublisher
 from deviceplugin.dra.state import PreparedState
 from deviceplugin.sysfs import PciNetDevice, discover
 from kube.api import APIError, KubeAPI
+from tests.cluster import sriov
 from tests.cluster.apiserver import REPO, ApiError, Cluster
 from tests.unit.deviceplugin.fake_sysfs import FakeSysfs
 
@@ -81,7 +82,7 @@ def devices_by_pool(cluster: Cluster, node: str) -> dict[str, tuple[int, list[st
     }
 
 
-def service_account_kubeconfig(cluster: Cluster, path: Path) -> Path:
+def shipped_rbac_kubeconfig(cluster: Cluster, path: Path) -> Path:
     """The shipped RBAC applied, and a kubeconfig whose user is the device plugin's
     ServiceAccount (a client certificate with its username: RBAC matches by name)."""
     cluster.create_namespace("kube-system")
@@ -89,15 +90,7 @@ def service_account_kubeconfig(cluster: Cluster, path: Path) -> Path:
     for doc in manifests:
         if doc["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
             cluster.apply(doc)
-    pem = cluster.client_certificate(
-        f"dp-{uuid.uuid4().hex[:6]}",
-        "system:serviceaccount:kube-system:plexus-deviceplugin",
-        ["system:serviceaccounts"],
-    )
-    config = yaml.safe_load(cluster.kubeconfig.read_text())
-    config["users"][0]["user"] = {"client-certificate": str(pem), "client-key": str(pem)}
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return sriov.service_account_kubeconfig(cluster, path)
 
 
 @pytest.mark.parametrize("identity", ["admin", "service-account"])
@@ -106,7 +99,7 @@ def test_publisher_follows_the_pools_and_puts_back_what_others_delete(
 ) -> None:
     kubeconfig = cluster.kubeconfig
     if identity == "service-account":
-        kubeconfig = service_account_kubeconfig(cluster, tmp_path / "kubeconfig")
+        kubeconfig = shipped_rbac_kubeconfig(cluster, tmp_path / "kubeconfig")
     publisher = SlicePublisher(KubeAPI(str(kubeconfig)), node, resync_seconds=3600)
     pool, other = f"{node}/intel.com/pub-vfs", f"{node}/intel.com/other-vfs"
     publisher.set_pools({RESOURCE: vfs, OTHER: []})
@@ -142,7 +135,7 @@ def test_publisher_follows_the_pools_and_puts_back_what_others_delete(
 def test_the_service_account_may_get_claims_and_nothing_more(
     cluster: Cluster, namespace: str, tmp_path: Path
 ) -> None:
-    api = KubeAPI(str(service_account_kubeconfig(cluster, tmp_path / "kubeconfig")))
+    api = KubeAPI(str(shipped_rbac_kubeconfig(cluster, tmp_path / "kubeconfig")))
     claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
     spec = {"devices": {"requests": [{"name": "vf", "exactly": {"deviceClassName": "x"}}]}}
     claim = cluster.create(claims, {"metadata": {"name": "c"}, "spec": spec})
