@@ -700,3 +700,34 @@ def test_addresses_reserved_ahead_are_taken_without_a_write_and_rewritten_after(
     assert pool_now() == {}
     assert reservations(crds, namespace) == {}
     assert add(again, conf, "c3") == ["10.32.0.1/24"]
+
+
+def test_a_reservation_someone_else_released_is_not_handed_out(
+    crds: Cluster, namespace: str, tmp_path: Path, nodes: tuple[str, str]
+) -> None:
+    api = KubeAPI(str(crds.kubeconfig))
+    ipam = ClusterIPAM(api, nodes[0], namespace, reserve=2, journal=tmp_path / "journal")
+    ipam.start()
+    try:
+        conf = ipam_conf({"type": "whereabouts", "range": "10.33.0.0/24"}, version="1.1.0")
+        assert add(ipam, conf, "c1") == ["10.33.0.1/24"]
+        wait_for(
+            lambda: sorted(allocations(crds, namespace, "10.33.0.0-24")) == ["1", "2", "3"],
+            "two addresses reserved ahead",
+        )
+        # As whereabouts' reconciler frees an allocation whose podref names no pod.
+        crds.request(
+            "PATCH",
+            f"{API}/namespaces/{namespace}/ippools/10.33.0.0-24",
+            [{"op": "remove", "path": "/spec/allocations/2"}],
+            content_type="application/json-patch+json",
+        )
+
+        def released() -> bool:
+            pool = ipam.store.get("10.33.0.0-24", "", create=False)
+            return pool is not None and "2" not in pool.allocations
+
+        wait_for(released, "the daemon's copy of the pool shows .2 released")
+        assert add(ipam, conf, "c2") == ["10.33.0.3/24"]  # not .2: it is no longer reserved
+    finally:
+        ipam.stop()

@@ -103,7 +103,7 @@ class Allocator:
         value = rng.from_offset(key) if key is not None else None
         if key is not None and value is not None:
             return Held(rng, name, key, value)
-        return self.stock.take(cfg, rng, name, entry)
+        return self.stock.take(cfg, rng, pool, entry)
 
     def allocate_one(
         self,

@@ -10,8 +10,10 @@ tests it is still the reservation) and the reservation object to it. A file per 
 written before the ADD returns, lets a restarted daemon finish it; DEL and CHECK of the
 container wait for it. The pool is refilled in the background. Being in the pools, a
 node's reservations are released with a deleted node's addresses, and a daemon gives back
-its own when it starts. whereabouts' reconciler frees them (their podref names no pod):
-reserve only once it no longer runs.
+its own when it starts. A reservation someone else released is dropped, not handed out,
+once the pool's copy shows it; whereabouts' reconciler frees them (their podref names no
+pod) and a whereabouts binary may hand one out before the watch says so: reserve only once
+that reconciler no longer runs.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from delegates.ipam.common import IPAddress
 from delegates.ipam.whereabouts.batches import Change
 from delegates.ipam.whereabouts.config import WhereaboutsConfig
 from delegates.ipam.whereabouts.labels import NODE_LABEL, STOCK_LABEL
-from delegates.ipam.whereabouts.objects import Allocation, Held, Taken
+from delegates.ipam.whereabouts.objects import Allocation, Held, Pool, Taken
 from delegates.ipam.whereabouts.pools import PoolStore
 from delegates.ipam.whereabouts.ranges import IPRange
 
@@ -80,16 +82,29 @@ class Stock:
     # ---- ADD ---------------------------------------------------------------------------
 
     def take(
-        self, cfg: WhereaboutsConfig, rng: IPRange, name: str, entry: Allocation
+        self, cfg: WhereaboutsConfig, rng: IPRange, pool: Pool | None, entry: Allocation
     ) -> Held | None:
-        """A reserved address of pool `name` for `entry`, its rewrite started; None when
-        the pool has none here (the caller refills it once its own address is written)."""
-        with self._lock:
-            free = self._free.get(name)
-            found = free.popleft() if free else None
-        if found is None:
+        """A reserved address of `pool` for `entry`, its rewrite started; None when the
+        pool has none here (the caller refills it once its own address is written). A
+        reservation the pool no longer shows (someone else released it: whereabouts'
+        reconciler does) is dropped, not handed out."""
+        if pool is None:
             return None
-        key, value, reserved = found
+        name = pool.name
+        while True:
+            with self._lock:
+                free = self._free.get(name)
+                found = free.popleft() if free else None
+            if found is None:
+                return None
+            key, value, reserved = found
+            if pool.allocations.get(key) == Allocation(reserved, self.podref).body():
+                break
+            log.warning(
+                "whereabouts: an address this node reserved ahead was released by someone "
+                "else; not handing it out",
+                extra={"pool": name, "key": key},
+            )
         job = {
             "pool": name,
             "key": key,
