@@ -166,14 +166,23 @@ class Node:
         text = json.dumps(obj) if filename.endswith(".json") else yaml.safe_dump(obj)
         write_atomic(self.cluster / filename, text.encode(), 0o644)
 
-    def nad(self, name: str, config: dict[str, Any] | str, namespace: str = "default") -> None:
+    def nad(
+        self,
+        name: str,
+        config: dict[str, Any] | str,
+        namespace: str = "default",
+        annotations: dict[str, str] | None = None,
+    ) -> None:
         text = config if isinstance(config, str) else json.dumps(config)
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        if annotations:
+            meta["annotations"] = annotations
         self.write(
             f"nad-{namespace}-{name}.yaml",
             {
                 "apiVersion": "k8s.cni.cncf.io/v1",
                 "kind": "NetworkAttachmentDefinition",
-                "metadata": {"name": name, "namespace": namespace},
+                "metadata": meta,
                 "spec": {"config": text},
             },
         )

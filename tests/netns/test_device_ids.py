@@ -53,19 +53,7 @@ def recorder(node: Node) -> Path:
 def _vf_nad(node: Node, name: str, record: Path, address: str, **extra: Any) -> None:
     plugin = {"type": "recorder", "record": str(record), "address": address, **extra}
     config = {"cniVersion": "1.0.0", "name": name, "plugins": [plugin, dict(plugin)]}
-    node.write(
-        f"nad-default-{name}.yaml",
-        {
-            "apiVersion": "k8s.cni.cncf.io/v1",
-            "kind": "NetworkAttachmentDefinition",
-            "metadata": {
-                "name": name,
-                "namespace": "default",
-                "annotations": {RESOURCE_NAME_ANNOTATION: SRIOV},
-            },
-            "spec": {"config": json.dumps(config)},
-        },
-    )
+    node.nad(name, config, annotations={RESOURCE_NAME_ANNOTATION: SRIOV})
 
 
 def _records(path: Path) -> list[dict[str, Any]]:

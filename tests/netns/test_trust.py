@@ -205,19 +205,8 @@ SRIOV = "intel.com/sriov_t"
 
 
 def _vf_nad(node: Node, name: str) -> None:
-    node.write(
-        f"nad-default-{name}.yaml",
-        {
-            "apiVersion": "k8s.cni.cncf.io/v1",
-            "kind": "NetworkAttachmentDefinition",
-            "metadata": {
-                "name": name,
-                "namespace": "default",
-                "annotations": {RESOURCE_NAME_ANNOTATION: SRIOV},
-            },
-            "spec": {"config": json.dumps({"cniVersion": "1.0.0", "type": "marker"})},
-        },
-    )
+    config = {"cniVersion": "1.0.0", "type": "marker"}
+    node.nad(name, config, annotations={RESOURCE_NAME_ANNOTATION: SRIOV})
 
 
 @pytest.mark.parametrize(

@@ -139,10 +139,14 @@ class Stock:
         """The pool entry and its reservation object, from the node's to the container's."""
         store, name, key = self.allocator.store, job["pool"], job["key"]
         for _ in range(10):
-            pool = store.refresh(name)
+            try:  # the patch tests the entry is still the reservation
+                store.write(name, Change(key, job["before"], job["after"]))
+                break
+            except Taken:
+                pool = store.refresh(name)
             now = pool.allocations.get(key) if pool is not None else None
             if now == job["after"]:
-                break
+                break  # a previous daemon's rewrite (the journal's) got there
             if now != job["before"]:
                 log.error(
                     "whereabouts: a reserved address was taken from this node before its "
@@ -150,11 +154,6 @@ class Stock:
                     extra={"pool": name, "key": key, "now": now, "container": job["after"]},
                 )
                 break
-            try:
-                store.write(name, Change(key, job["before"], job["after"]))
-                break
-            except Taken:
-                continue
         if job["reservation"]:
             after = job["after"]
             spec = {"containerid": after["id"], "podref": after["podref"]}
