@@ -19,6 +19,7 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -97,27 +98,70 @@ class KubeAPI:
         result: dict[str, Any] = jsonio.loads(text, what, MAX_RESPONSE) if text else {}
         return result
 
-    def watch(self, path: str, timeout_seconds: int) -> Iterator[dict[str, Any]]:
-        """Events of a watch on `path` (which already holds its query) until the server ends it."""
+    def watch(self, path: str, timeout_seconds: int, stop: Stop) -> Iterator[dict[str, Any]]:
+        """Events of a watch on `path` (which already holds its query) until the server ends
+        it, or `stop` is set (the events end: a ConnectionError, or none more)."""
         conn = self._connections.connect(time.monotonic() + self.timeout)
         try:
             try:
                 conn.request("GET", self._connections.prefix + path, headers=self._headers())
                 conn.sock.settimeout(timeout_seconds + 30)
-                response = conn.getresponse()
-                if response.status >= 300:
-                    raise APIError(response.status, response.read().decode(errors="replace"))
-                buffer = b""
-                while chunk := response.read1(65536):
-                    buffer += chunk
-                    while b"\n" in buffer:
-                        line, buffer = buffer.split(b"\n", 1)
-                        if line.strip():
-                            yield jsonio.loads(line, f"an event of watch {path}", MAX_RESPONSE)
+                with stop.ending(conn.sock):
+                    yield from _events(conn, path)
             except (OSError, http.client.HTTPException) as exc:
                 raise ConnectionError(f"watch {path}: {_describe(exc)}") from exc
         finally:
             conn.close()
+
+
+class Stop(threading.Event):
+    """A stop signal that ends the watches given it at once: set() shuts their sockets
+    down, so a read blocked on one returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._socks: set[socket.socket] = set()
+        self._guard = threading.Lock()
+
+    def set(self) -> None:
+        super().set()
+        with self._guard:
+            for sock in self._socks:
+                _hang_up(sock)
+
+    @contextmanager
+    def ending(self, sock: socket.socket) -> Iterator[None]:
+        """While in the block, set() hangs `sock` up (at once if it is set already)."""
+        with self._guard:
+            self._socks.add(sock)
+        if self.is_set():
+            _hang_up(sock)
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._socks.discard(sock)
+
+
+def _hang_up(sock: socket.socket) -> None:
+    """Shut the connection down under a read blocked on it (the plain socket's shutdown:
+    a TLS socket's own would drop its TLS state under the reading thread)."""
+    with suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def _events(conn: http.client.HTTPConnection, path: str) -> Iterator[dict[str, Any]]:
+    """The events of a watch's response, one JSON line each."""
+    response = conn.getresponse()
+    if response.status >= 300:
+        raise APIError(response.status, response.read().decode(errors="replace"))
+    buffer = b""
+    while chunk := response.read1(65536):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield jsonio.loads(line, f"an event of watch {path}", MAX_RESPONSE)
 
 
 def _bound(conn: http.client.HTTPConnection, deadline: float) -> None:

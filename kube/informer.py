@@ -8,7 +8,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from kube.api import APIError, KubeAPI
+from kube.api import APIError, KubeAPI, Stop
 
 log = logging.getLogger("plexus.kube")
 
@@ -44,7 +44,7 @@ class Informer(Generic[T]):
         self.items: dict[tuple[str, str], T] = {}
         self.listeners: list[Callable[[T | None, T], None]] = []
         self.synced = threading.Event()
-        self._stop = threading.Event()
+        self._stop = Stop()
         self._thread = threading.Thread(target=self._run, name=f"informer:{path}", daemon=True)
 
     def start(self) -> None:
@@ -70,6 +70,8 @@ class Informer(Generic[T]):
                 backoff = 0.5
                 self._watch(version)
             except Exception as exc:  # an informer must outlive any failure; it re-lists
+                if self._stop.is_set():
+                    return
                 log.warning("informer restarting", extra={"path": self.path, "error": str(exc)})
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -94,7 +96,7 @@ class Informer(Generic[T]):
             allowWatchBookmarks="true",
             timeoutSeconds=str(WATCH_SECONDS),
         )
-        for event in self.api.watch(url, WATCH_SECONDS):
+        for event in self.api.watch(url, WATCH_SECONDS, self._stop):
             kind, obj = event.get("type"), event.get("object") or {}
             if kind == "ERROR":
                 raise APIError(int(obj.get("code", 500)), str(obj.get("message", "")))

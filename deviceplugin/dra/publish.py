@@ -19,7 +19,7 @@ from typing import Any
 
 from deviceplugin.dra.slices import DRIVER, node_slices
 from deviceplugin.sysfs import PciNetDevice
-from kube.api import APIError, KubeAPI
+from kube.api import APIError, KubeAPI, Stop
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 WATCH_SECONDS = 300
@@ -61,7 +61,7 @@ class SlicePublisher:
         self._node_uid = ""
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._stop = threading.Event()
+        self._stop = Stop()
         self.published = threading.Event()  # set after the first reconcile that succeeded
         self._threads = [
             threading.Thread(target=self._reconcile_loop, name="dra-slices", daemon=True),
@@ -173,13 +173,15 @@ class SlicePublisher:
         url = f"{SLICES}?{self.selector}&watch=1&timeoutSeconds={WATCH_SECONDS}"
         while not self._stop.is_set():
             try:
-                for event in self.api.watch(url, WATCH_SECONDS):
+                for event in self.api.watch(url, WATCH_SECONDS, self._stop):
                     if self._stop.is_set():
                         return
                     if event.get("type") in ("DELETED", "MODIFIED", "ERROR"):
                         self._wake.set()
                 self._wake.set()  # the server ended the watch: catch up on what it missed
             except (APIError, ConnectionError, ValueError) as exc:
+                if self._stop.is_set():
+                    return
                 log.warning("watching ResourceSlices of %s: %s", self.node, exc)
                 self._stop.wait(RETRY_SECONDS)
                 self._wake.set()  # events may have been missed

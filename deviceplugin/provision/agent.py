@@ -41,7 +41,7 @@ from deviceplugin.provision.nodestate import (
 )
 from deviceplugin.provision.pools import DEFAULT_PREFIX
 from deviceplugin.sysfs import PciNetDevice
-from kube.api import APIError, KubeAPI
+from kube.api import APIError, KubeAPI, Stop
 
 DEFAULT_NAMESPACE = "sriov-network-operator"
 CRS = "/apis/sriovnetwork.openshift.io/v1/namespaces/{ns}/{plural}"
@@ -114,7 +114,7 @@ class ProvisionAgent:
         self._seen: frozenset[tuple[object, ...]] = frozenset()
         self._warned: set[str] = set()
         self._wake = threading.Event()
-        self._stop = threading.Event()
+        self._stop = Stop()
         self._loop = threading.Thread(target=self._run, name="sriov-agent", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -181,7 +181,7 @@ class ProvisionAgent:
         url = f"{path}?{urllib.parse.urlencode(params)}"
         while not self._stop.is_set():
             try:
-                for _ in self.api.watch(url, WATCH_SECONDS):
+                for _ in self.api.watch(url, WATCH_SECONDS, self._stop):
                     if self._stop.is_set():
                         return
                     self.wake()

@@ -10,21 +10,22 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
-from kube.api import APIError, KubeAPI
+from kube.api import APIError, KubeAPI, Stop
 from tests.unit.kube.test_kubeconfig import write_kubeconfig
 
 
 class FakeAPIServer(BaseHTTPRequestHandler):
     """FAKE: answers `{"port": <client port>}`; /drop closes the connection after its
     answer without saying so; /hang answers only once the test ends; /missing is a 404;
-    /watch streams two events in three chunks."""
+    /watch streams two events in three chunks; /watch-hang one event, then nothing until
+    the test ends."""
 
     protocol_version = "HTTP/1.1"
     release = threading.Event()
@@ -38,6 +39,9 @@ class FakeAPIServer(BaseHTTPRequestHandler):
         if self.path == "/watch":
             self._chunked([b'{"type": "ADDED", "n"', b': 1}\n{"type": "MODIFIED",', b' "n": 2}\n'])
             return
+        if self.path == "/watch-hang":
+            self._chunked([b'{"type": "ADDED", "n": 1}\n'], then=lambda: self.release.wait(10))
+            return
         status = 404 if self.path == "/missing" else 200
         body = json.dumps({"port": self.client_address[1]}).encode()
         self.send_response(status)
@@ -47,7 +51,7 @@ class FakeAPIServer(BaseHTTPRequestHandler):
         self.wfile.write(body)
         self.close_connection = self.path == "/drop"
 
-    def _chunked(self, chunks: list[bytes]) -> None:
+    def _chunked(self, chunks: list[bytes], then: Callable[[], object] = lambda: None) -> None:
         self.send_response(200)
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
@@ -55,6 +59,7 @@ class FakeAPIServer(BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             self.wfile.flush()
             time.sleep(0.01)
+        then()
         self.wfile.write(b"0\r\n\r\n")
         self.close_connection = True
 
@@ -124,6 +129,18 @@ def test_a_non_2xx_answer_is_an_api_error_with_its_status(api: KubeAPI) -> None:
 
 
 def test_a_watch_yields_each_line_of_a_chunked_stream(api: KubeAPI) -> None:
-    events = list(api.watch("/watch", 5))
+    events = list(api.watch("/watch", 5, Stop()))
 
     assert events == [{"type": "ADDED", "n": 1}, {"type": "MODIFIED", "n": 2}]
+
+
+def test_stop_ends_a_watch_blocked_on_a_quiet_stream(api: KubeAPI) -> None:
+    stop, events = Stop(), []
+    started = time.monotonic()
+    with pytest.raises(ConnectionError):  # the server never ended it: the events break off
+        for event in api.watch("/watch-hang", 30, stop):
+            events.append(event)
+            threading.Timer(0.2, stop.set).start()
+
+    assert events == [{"type": "ADDED", "n": 1}]
+    assert time.monotonic() - started < 5  # not the 10 s the server would keep it open
