@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from ipaddress import ip_address, ip_interface
 from pathlib import Path
@@ -414,20 +414,29 @@ def test_side_by_side_with_whereabouts_on_one_pool(
 # ---- the daemon's reconcile ----------------------------------------------------------
 
 
-def daemon_ipam(cluster: Cluster, namespace: str, node: str, cni_dir: Path) -> DaemonIPAM:
-    conf = DaemonConfig.model_validate(
-        {
-            "cniVersion": "1.0.0",
-            "name": "plexus",
-            "type": "plexus",
-            "clusterNetwork": "default",
-            "cniDir": str(cni_dir),
-            "whereaboutsNamespace": namespace,
-            "ipamReconcileSeconds": 5,
-        }
-    )
-    source = KubeSource(KubeAPI(str(cluster.kubeconfig)), node)
-    return DaemonIPAM(conf, source, node)
+@pytest.fixture
+def daemon_ipam(crds: Cluster, namespace: str) -> Iterator[Callable[[str, Path], DaemonIPAM]]:
+    """Makes the IPAM of a daemon of node `node` (cniDir `cni_dir`); stopped at the end."""
+    made: list[DaemonIPAM] = []
+
+    def make(node: str, cni_dir: Path) -> DaemonIPAM:
+        conf = DaemonConfig.model_validate(
+            {
+                "cniVersion": "1.0.0",
+                "name": "plexus",
+                "type": "plexus",
+                "clusterNetwork": "default",
+                "cniDir": str(cni_dir),
+                "whereaboutsNamespace": namespace,
+                "ipamReconcileSeconds": 5,
+            }
+        )
+        made.append(DaemonIPAM(conf, KubeSource(KubeAPI(str(crds.kubeconfig)), node), node))
+        return made[-1]
+
+    yield make
+    for daemon in made:
+        daemon.stop()
 
 
 def record(store: RecordStore, cid: str, namespace: str, pod: str, uid: str) -> None:
@@ -456,9 +465,13 @@ def nodes(crds: Cluster, namespace: str) -> Iterator[tuple[str, str]]:
 
 
 def test_reconcile_releases_this_nodes_dead_containers_only(
-    crds: Cluster, namespace: str, tmp_path: Path, nodes: tuple[str, str]
+    crds: Cluster,
+    namespace: str,
+    tmp_path: Path,
+    nodes: tuple[str, str],
+    daemon_ipam: Callable[[str, Path], DaemonIPAM],
 ) -> None:
-    daemon = daemon_ipam(crds, namespace, nodes[0], tmp_path)
+    daemon = daemon_ipam(nodes[0], tmp_path)
     conf = ipam_conf({"type": "whereabouts", "range": "10.28.0.0/24"})
     pod = crds.create(
         f"/api/v1/namespaces/{namespace}/pods",
@@ -492,10 +505,14 @@ def test_reconcile_releases_this_nodes_dead_containers_only(
 
 
 def test_the_lease_holder_releases_the_addresses_of_deleted_nodes(
-    crds: Cluster, namespace: str, tmp_path: Path, nodes: tuple[str, str]
+    crds: Cluster,
+    namespace: str,
+    tmp_path: Path,
+    nodes: tuple[str, str],
+    daemon_ipam: Callable[[str, Path], DaemonIPAM],
 ) -> None:
     conf = ipam_conf({"type": "whereabouts", "range": "10.29.0.0/24"})
-    mine = daemon_ipam(crds, namespace, nodes[0], tmp_path / "a")
+    mine = daemon_ipam(nodes[0], tmp_path / "a")
     record(RecordStore(tmp_path / "a"), "here", namespace, "p", "")  # no UID: never judged
     add(mine.ipam, conf, "here")
     doomed = f"doomed-{namespace}"
@@ -503,7 +520,7 @@ def test_the_lease_holder_releases_the_addresses_of_deleted_nodes(
     there = ClusterIPAM(KubeAPI(str(crds.kubeconfig)), doomed, namespace, watch=False)
     add(there, conf, "there1")
     add(there, conf, "there2")
-    rival = daemon_ipam(crds, namespace, nodes[1], tmp_path / "b")
+    rival = daemon_ipam(nodes[1], tmp_path / "b")
 
     mine.reconcile()  # takes the Lease; every node is there: nothing released
     assert not rival.lease.try_hold()
@@ -519,7 +536,11 @@ def test_the_lease_holder_releases_the_addresses_of_deleted_nodes(
 
 
 def test_an_ipamclaim_keeps_its_address_across_pods_until_it_is_deleted(
-    crds: Cluster, namespace: str, tmp_path: Path, nodes: tuple[str, str]
+    crds: Cluster,
+    namespace: str,
+    tmp_path: Path,
+    nodes: tuple[str, str],
+    daemon_ipam: Callable[[str, Path], DaemonIPAM],
 ) -> None:
     install_ipamclaims_crd(crds)
     claims = f"/apis/k8s.cni.cncf.io/v1alpha1/namespaces/{namespace}/ipamclaims"
@@ -532,7 +553,7 @@ def test_an_ipamclaim_keeps_its_address_across_pods_until_it_is_deleted(
             "spec": {"network": "blue", "interface": "net1"},
         },
     )
-    daemon = daemon_ipam(crds, namespace, nodes[0], tmp_path)
+    daemon = daemon_ipam(nodes[0], tmp_path)
     record(RecordStore(tmp_path), "c2", namespace, "other", "")  # alive all along
     ipam = daemon.ipam
     plain = ipam_conf({"type": "whereabouts", "range": "10.30.0.0/24"})
