@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -28,19 +28,18 @@ class FakeAPIServer(BaseHTTPRequestHandler):
     the test ends."""
 
     protocol_version = "HTTP/1.1"
-    release = threading.Event()
-    closed = threading.Event()  # set once the server has closed a connection
-    tokens: ClassVar[list[str]] = []
+    server: ClosingServer
 
     def do_GET(self) -> None:
-        self.tokens.append(self.headers.get("Authorization", ""))
+        self.server.tokens.append(self.headers.get("Authorization", ""))
         if self.path == "/hang":
-            self.release.wait(10)
+            self.server.release.wait(10)
         if self.path == "/watch":
             self._chunked([b'{"type": "ADDED", "n"', b': 1}\n{"type": "MODIFIED",', b' "n": 2}\n'])
             return
         if self.path == "/watch-hang":
-            self._chunked([b'{"type": "ADDED", "n": 1}\n'], then=lambda: self.release.wait(10))
+            event = b'{"type": "ADDED", "n": 1}\n'
+            self._chunked([event], then=lambda: self.server.release.wait(10))
             return
         status = 404 if self.path == "/missing" else 200
         body = json.dumps({"port": self.client_address[1]}).encode()
@@ -68,45 +67,56 @@ class FakeAPIServer(BaseHTTPRequestHandler):
 
 
 class ClosingServer(ThreadingHTTPServer):
-    """Tells FakeAPIServer.closed when it has closed a connection (its FIN is sent)."""
+    """The fake's state, one per test (an earlier test's handlers may still be finishing):
+    `closed` is set once it has closed a connection (its FIN is sent), `release` ends the
+    hanging answers, `tokens` are the requests' Authorization headers."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), FakeAPIServer)
+        self.daemon_threads = True
+        self.release = threading.Event()
+        self.closed = threading.Event()
+        self.tokens: list[str] = []
 
     def shutdown_request(self, request: Any) -> None:
         super().shutdown_request(request)
-        FakeAPIServer.closed.set()
+        self.closed.set()
 
 
 @pytest.fixture
-def api(tmp_path: Path) -> Iterator[KubeAPI]:
-    server = ClosingServer(("127.0.0.1", 0), FakeAPIServer)
-    server.daemon_threads = True
-    FakeAPIServer.release.clear()
-    FakeAPIServer.closed.clear()
-    FakeAPIServer.tokens.clear()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+def server() -> Iterator[ClosingServer]:
+    running = ClosingServer()
+    threading.Thread(target=running.serve_forever, daemon=True).start()
+    try:
+        yield running
+    finally:
+        running.release.set()
+        running.shutdown()
+        running.server_close()
+
+
+@pytest.fixture
+def api(server: ClosingServer, tmp_path: Path) -> KubeAPI:
     config = write_kubeconfig(
         tmp_path / "kubeconfig",
         {"server": f"http://127.0.0.1:{server.server_address[1]}"},
         {"token": "secret"},
     )
-    try:
-        yield KubeAPI(config)
-    finally:
-        FakeAPIServer.release.set()
-        server.shutdown()
-        server.server_close()
+    return KubeAPI(config)
 
 
-def test_requests_share_one_kept_alive_connection(api: KubeAPI) -> None:
+def test_requests_share_one_kept_alive_connection(api: KubeAPI, server: ClosingServer) -> None:
     first, second = api.request("GET", "/a"), api.request("GET", "/b")
 
     assert first["port"] == second["port"]
-    assert FakeAPIServer.tokens == ["Bearer secret", "Bearer secret"]
+    assert server.tokens == ["Bearer secret", "Bearer secret"]
 
 
-def test_a_connection_the_server_closed_is_replaced_not_failed(api: KubeAPI) -> None:
+def test_a_connection_the_server_closed_is_replaced_not_failed(
+    api: KubeAPI, server: ClosingServer
+) -> None:
     dropped = api.request("GET", "/drop")
-    assert FakeAPIServer.closed.wait(10)  # its FIN is in our socket (loopback)
+    assert server.closed.wait(10)  # its FIN is in our socket (loopback)
 
     assert api.request("GET", "/after")["port"] != dropped["port"]
 
