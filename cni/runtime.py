@@ -16,7 +16,7 @@ from cni.fileio import PendingSync
 from cni.invoke import ExecExecutor, Executor
 from cni.logs import StepLogger, call_fields
 from cni.result import Result
-from cni.version import version_at_least
+from cni.version import STATUS_VERSION, version_at_least
 
 VALID_ATTACHMENTS_KEY = "cni.dev/valid-attachments"
 LEGACY_ATTACHMENTS_KEY = "cni.dev/attachments"
@@ -126,7 +126,7 @@ class CNIRuntime:
 
     def status(self, net: NetworkConfigList) -> None:
         """STATUS every plugin; a no-op below cniVersion 1.1.0, like libcni."""
-        if not version_at_least(net.cni_version, "1.1.0"):
+        if not version_at_least(net.cni_version, STATUS_VERSION):
             return
         for plugin in net.plugins:
             self._call("STATUS", net, plugin, None, None)
@@ -161,7 +161,7 @@ class CNIRuntime:
                         str(err),
                     )
                 )
-        if version_at_least(net.cni_version, "1.1.0"):
+        if version_at_least(net.cni_version, STATUS_VERSION):
             attachments = [{"containerID": cid, "ifname": ifname} for cid, ifname in valid]
             for plugin in net.plugins:
                 conf = {

@@ -13,13 +13,19 @@ from cni import jsonio
 from cni.env import CmdArgs, cmd_args_from_env
 from cni.errors import CNIError, ErrorCode
 from cni.result import Result
-from cni.version import CURRENT_VERSION, SUPPORTED_VERSIONS, parse_version, select_version
+from cni.version import (
+    CURRENT_VERSION,
+    STATUS_VERSION,
+    SUPPORTED_VERSIONS,
+    parse_version,
+    select_version,
+)
 
 UNEXPECTED_ERROR = 999
 """Code for failures that are not CNIErrors (a bug or an unhandled OS error)."""
 
 # The first spec version that has each verb.
-_MIN_VERSION = {"CHECK": "0.4.0", "STATUS": "1.1.0", "GC": "1.1.0"}
+_MIN_VERSION = {"CHECK": "0.4.0", "STATUS": STATUS_VERSION, "GC": STATUS_VERSION}
 
 
 class Plugin(Protocol):

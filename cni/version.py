@@ -19,6 +19,8 @@ SUPPORTED_VERSIONS: tuple[str, ...] = (
     "1.1.0",
 )
 CURRENT_VERSION = "1.1.0"
+STATUS_VERSION = "1.1.0"
+"""The first spec version with STATUS and GC."""
 DEFAULT_VERSION = "0.1.0"
 """What a config without `cniVersion` means (libcni's rule)."""
 

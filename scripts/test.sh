@@ -11,7 +11,7 @@ vm_log=$(mktemp /tmp/plexus-vm-tier.XXXXXX)
 .venv/bin/pytest -q -p no:cacheprovider tests/vm >"$vm_log" 2>&1 &
 vm=$!
 # Interrupted: the VM tier's pytest ends its VM and cleans up on SIGINT, as from a terminal.
-trap 'kill -INT "$vm" 2>/dev/null; wait "$vm"; exit 130' INT TERM
+trap 'kill -INT "$vm" 2>/dev/null; wait "$vm"; rm -f "$vm_log"; exit 130' INT TERM
 
 .venv/bin/pytest -q -p no:cacheprovider tests --ignore=tests/vm
 host=$?

@@ -19,6 +19,7 @@ from cni.env import CmdArgs
 from cni.errors import CNIError, ErrorCode
 from cni.invoke import Executor
 from cni.result import Result
+from cni.version import STATUS_VERSION
 from delegates.ipam import host_local, static
 from delegates.ipam.common import before, conf_version
 from delegates.ipam.exec import exec_add, run_ipam
@@ -119,7 +120,7 @@ def ipam_status(
     kind = ipam_type(conf)
     if runs_in_process(kind, exec_types) or executor is None or not executor.hosts(kind):
         return
-    if not before(conf_version(conf), "1.1.0"):
+    if not before(conf_version(conf), STATUS_VERSION):
         run_ipam("STATUS", kind, conf, args, executor)
 
 
@@ -139,5 +140,5 @@ def ipam_gc(
     if runs_in_process(kind, exec_types):
         if kind == "host-local":
             host_local.gc(conf, args)
-    elif not before(conf_version(conf), "1.1.0"):
+    elif not before(conf_version(conf), STATUS_VERSION):
         run_ipam("GC", kind, conf, args, executor)

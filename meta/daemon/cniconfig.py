@@ -23,13 +23,11 @@ from cni import jsonio
 from cni.config import chained_plugins, with_chained_plugins
 from cni.errors import CNIError, ErrorCode
 from cni.fileio import write_atomic
-from cni.version import is_supported, version_at_least
+from cni.version import STATUS_VERSION, is_supported, version_at_least
 from meta.attachments import CONF_SUFFIXES
 from meta.daemon.config import DAEMON_ONLY_KEYS, NETWORK_NAME, DaemonConfig
 
 log = logging.getLogger("plexus.daemon")
-
-STATUS_VERSION = "1.1.0"  # the first CNI version with STATUS (and GC)
 
 # Keys of the daemon's config that mean nothing to the per-call engine (the shim reads
 # socketDir from each call's config).

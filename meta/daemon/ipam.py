@@ -188,8 +188,7 @@ class DaemonIPAM:
         released = self.ipam.allocator.collect(lambda node, _cid, _if: node in gone, NODE_LABEL)
         from delegates.ipam.whereabouts.stock import drop_reserved
 
-        for node in sorted(gone):
-            drop_reserved(self.ipam.allocator, node)  # what it reserved ahead
+        drop_reserved(self.ipam.allocator, sorted(gone))  # what they reserved ahead
         slices = self.ipam.allocator.slices
         if slices is not None:
             for node in sorted(gone):

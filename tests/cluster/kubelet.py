@@ -498,17 +498,8 @@ class KubeletNode:
         its conf dir on its own; a pod started before would get the previous network)."""
         self.wait_for(
             f"containerd to load CNI network {name!r}",
-            lambda: self.cni_networks() == [name],
+            lambda: [net["Name"] for net in self.containerd.cni_networks()] == [name],
         )
-
-    def cni_networks(self) -> list[str]:
-        """The networks containerd's CRI set up pods with now (loopback aside)."""
-        done: cri.StatusResponse = self.containerd.runtime.Status(
-            cri.StatusRequest(verbose=True), timeout=ctrd.CRI_TIMEOUT
-        )
-        loaded = json.loads(done.info.get("cniconfig", "{}")).get("Networks") or []
-        names = [str(net["Config"]["Name"]) for net in loaded]
-        return [name for name in names if name != "cni-loopback"]
 
     def daemon_settings(self) -> Json:
         return {

@@ -15,7 +15,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cri_api.v1 import api_pb2 as cri
 
 from cni.fileio import write_atomic
 from meta.daemon.config import GENERATED_NAME, NETWORK_NAME
@@ -42,13 +41,7 @@ def _generated(kn: KubeletNode) -> tuple[list[str], list[str]]:
 
 def _loaded(kn: KubeletNode) -> str:
     """The source of Plexus's network as the node's containerd loaded it."""
-    done: cri.StatusResponse = kn.containerd.runtime.Status(
-        cri.StatusRequest(verbose=True), timeout=ctrd.CRI_TIMEOUT
-    )
-    for net in json.loads(done.info["cniconfig"]).get("Networks") or []:
-        if net["Config"]["Name"] == NETWORK_NAME:
-            return str(net["Config"]["Source"])
-    return ""
+    return str(kn.containerd.cni_network(NETWORK_NAME).get("Source", ""))
 
 
 def _wait_chains(kn: KubeletNode, plugins: list[str], primary: list[str]) -> None:

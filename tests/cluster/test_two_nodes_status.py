@@ -9,12 +9,10 @@ naming Plexus, and Ready again once its daemon is back; the 1.6 node stays Ready
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 
 import pytest
-from cri_api.v1 import api_pb2 as cri
 
 from meta.daemon.config import NETWORK_NAME
 from tests.cluster import install
@@ -29,13 +27,7 @@ WINDOW_TIMEOUT = 240.0  # a daemon pod deleted or started (a rollout on a loaded
 
 def _loaded_version(kn: KubeletNode) -> str:
     """The cniVersion the node's containerd runs Plexus's network at."""
-    done: cri.StatusResponse = kn.containerd.runtime.Status(
-        cri.StatusRequest(verbose=True), timeout=ctrd.CRI_TIMEOUT
-    )
-    for net in json.loads(done.info["cniconfig"]).get("Networks") or []:
-        if net["Config"]["Name"] == NETWORK_NAME:
-            return str(net["Config"]["CNIVersion"])
-    return ""
+    return str(kn.containerd.cni_network(NETWORK_NAME).get("CNIVersion", ""))
 
 
 def _ready(kn: KubeletNode) -> tuple[bool, str]:

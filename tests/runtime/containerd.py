@@ -381,6 +381,19 @@ disabled_plugins = [
             cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=CRI_TIMEOUT
         )
 
+    def cni_networks(self) -> list[dict[str, Any]]:
+        """The CNI networks the CRI plugin has loaded now, loopback aside (each its
+        `Config`: Name, CNIVersion, Source, Plugins)."""
+        done: cri.StatusResponse = self.runtime.Status(
+            cri.StatusRequest(verbose=True), timeout=CRI_TIMEOUT
+        )
+        loaded = json.loads(done.info.get("cniconfig", "{}")).get("Networks") or []
+        return [net["Config"] for net in loaded if net["Config"]["Name"] != "cni-loopback"]
+
+    def cni_network(self, name: str) -> dict[str, Any]:
+        """CNI network `name` as the CRI plugin loaded it; {} while it has none so named."""
+        return next((net for net in self.cni_networks() if net["Name"] == name), {})
+
     def sandboxes(self) -> list[str]:
         done: cri.ListPodSandboxResponse = self.runtime.ListPodSandbox(
             cri.ListPodSandboxRequest(), timeout=CRI_TIMEOUT

@@ -64,14 +64,10 @@ def network_ready(rt: Runtime) -> cri.RuntimeCondition:
 
 def loaded(rt: Runtime) -> Json:
     """The tier's network as containerd loaded it: its source text and plugin types."""
-    done: cri.StatusResponse = rt.containerd.runtime.Status(
-        cri.StatusRequest(verbose=True), timeout=ctrd.CRI_TIMEOUT
-    )
-    for net in json.loads(done.info["cniconfig"]).get("Networks") or []:
-        if net["Config"]["Name"] == rt.network:
-            plugins = [p["Network"]["type"] for p in net["Config"]["Plugins"]]
-            return {"source": net["Config"]["Source"], "plugins": plugins}
-    return {}
+    net = rt.containerd.cni_network(rt.network)
+    if not net:
+        return {}
+    return {"source": net["Source"], "plugins": [p["Network"]["type"] for p in net["Plugins"]]}
 
 
 @contextlib.contextmanager

@@ -138,26 +138,23 @@ class PoolStore:
 
     def add(self, pool: Pool, key: str, entry: Allocation) -> Pool:
         """Write `entry` at `key` if the key is still free; Taken if it is not."""
-        return self._change(pool.name, Change(key, None, entry.body()))
+        return self.write(pool.name, Change(key, None, entry.body()))
 
     def put(self, pool: Pool, key: str, entry: Allocation) -> Pool:
         """Write `entry` at `key` if the key still holds what `pool` shows; Taken if not."""
-        return self._change(pool.name, Change(key, pool.allocations.get(key), entry.body()))
+        return self.write(pool.name, Change(key, pool.allocations.get(key), entry.body()))
 
     def remove(self, pool: Pool, key: str) -> Pool:
         """Drop the allocation at `key` if it is still the one `pool` holds; Taken if not."""
-        return self._change(pool.name, Change(key, pool.allocations[key], None))
-
-    def write(self, name: str, change: Change) -> Pool:
-        """Apply one change to pool `name`; Taken if its key no longer holds `before`."""
-        return self._change(name, change)
+        return self.write(pool.name, Change(key, pool.allocations[key], None))
 
     def list_pools(self) -> list[Pool]:
         """Every pool of the namespace, read now."""
         found = self._call("GET", f"{self.base}/ippools") or {}
         return [Pool.read(obj) for obj in found.get("items") or [] if isinstance(obj, dict)]
 
-    def _change(self, name: str, change: Change) -> Pool:
+    def write(self, name: str, change: Change) -> Pool:
+        """Apply one change to pool `name`; Taken if its key no longer holds `before`."""
         try:
             return self._batches.write(name, change)
         except Taken:

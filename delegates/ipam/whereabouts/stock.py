@@ -98,7 +98,8 @@ class Stock:
             if found is None:
                 return None
             key, value, reserved = found
-            if pool.allocations.get(key) == Allocation(reserved, self.podref).body():
+            before = Allocation(reserved, self.podref).body()
+            if pool.allocations.get(key) == before:
                 break
             log.warning(
                 "whereabouts: an address this node reserved ahead was released by someone "
@@ -108,13 +109,13 @@ class Stock:
         job = {
             "pool": name,
             "key": key,
-            "before": Allocation(reserved, self.podref).body(),
+            "before": before,
             "after": entry.body(),
             "reservation": self.allocator.reservation_name(cfg, rng.address(value))
             if cfg.overlapping
             else "",
         }
-        path = self.journal / f"{name}.{key}"
+        path = self.journal / uuid.uuid4().hex  # not the pool's name: a NAD chooses that
         self.journal.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.write_text(json.dumps(job))  # a daemon crash keeps it: the page cache does
         done = self.side.submit(self._rewrite, job, path)
@@ -200,25 +201,27 @@ class Stock:
         """Release `node`'s reservations (this node's: except those it holds now)."""
         with self._lock:
             mine = {r for free in self._free.values() for _, _, r in free}
-        return drop_reserved(self.allocator, node, mine)
+        return drop_reserved(self.allocator, [node], mine)
 
 
-def drop_reserved(allocator: Allocator, node: str, keep: Collection[str] = ()) -> int:
-    """Release the reservations `node` made ahead in every pool, but those in `keep`; how
-    many (a deleted node's, or a restarted daemon's leftovers)."""
-    store, podref = allocator.store, owner(allocator.store.namespace, node)
+def drop_reserved(allocator: Allocator, nodes: Collection[str], keep: Collection[str] = ()) -> int:
+    """Release the reservations `nodes` made ahead in every pool, but those in `keep`; how
+    many (deleted nodes', or a restarted daemon's leftovers)."""
+    store = allocator.store
+    podrefs = {owner(store.namespace, node) for node in nodes}
     dropped = 0
     for pool in store.list_pools():
         for key, raw in list(pool.allocations.items()):
             entry = Allocation.read(raw)
-            if entry is None or entry.podref != podref or entry.id in keep:
+            if entry is None or entry.podref not in podrefs or entry.id in keep:
                 continue
             try:
                 store.write(pool.name, Change(key, raw, None))
                 dropped += 1
             except Taken:
                 continue
-    for obj in store.reservations(f"{NODE_LABEL}={node},{STOCK_LABEL}=true"):
-        if (obj.get("spec") or {}).get("containerid") not in keep:
-            store.unreserve(obj)
+    for node in nodes:
+        for obj in store.reservations(f"{NODE_LABEL}={node},{STOCK_LABEL}=true"):
+            if (obj.get("spec") or {}).get("containerid") not in keep:
+                store.unreserve(obj)
     return dropped
