@@ -204,9 +204,9 @@ class ProvisionAgent:
         result.rejected.update(unreadable)
         self._publish(result.resources)
         notes = self._disrupt(result, labels) if result.waiting else []
-        if not result.waiting:
-            self._release()
         self._report(result, str(node["metadata"].get("uid", "")), notes)
+        if not result.waiting:
+            self._release()  # after the report: the pool's next node sees this one Succeeded
         self._seen = fingerprint(result.devices)
         if self.networks is not None:
             try:
@@ -321,7 +321,7 @@ class ProvisionAgent:
             status["lastSyncError"] = "; ".join([*problems, *notes])
         annotations = {
             DESIRED_STATE: "Drain_Required" if result.waiting else "Idle",
-            CURRENT_STATE: "Draining" if self.disruption.evicting else "Idle",
+            CURRENT_STATE: "Draining" if result.waiting and self.disruption.evicting else "Idle",
         }
         spec = {"interfaces": [c.spec() for c in result.desired]}
         self.state.write(node_uid, spec, status, annotations)

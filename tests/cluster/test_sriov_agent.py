@@ -254,6 +254,7 @@ def test_two_nodes_of_a_pool_with_max_unavailable_1_never_disrupt_together(
 
     # Disruption windows: from a node's first eviction to the release of its slot.
     windows: dict[str, list[float]] = {}
+    reported: dict[str, str] = {}  # a node's syncStatus as its slot is released
     lock = threading.Lock()
     real_release = LeaseSlots.release
 
@@ -265,9 +266,16 @@ def test_two_nodes_of_a_pool_with_max_unavailable_1_never_disrupt_together(
 
     def release(slots: LeaseSlots) -> None:
         if slots.held:
+            holder = next(n for n in pair if n.name == slots.holder)
+            sync = holder.state()["status"]["syncStatus"]
             with lock:
                 windows.get(slots.holder, [0.0, 0.0])[1] = time.monotonic()
+                reported[slots.holder] = sync
         real_release(slots)
+
+    def both_released() -> bool:
+        with lock:
+            return len(windows) == 2 and all(w[1] for w in windows.values())
 
     monkeypatch.setattr(agent_module, "evict", evict)
     monkeypatch.setattr(LeaseSlots, "release", release)
@@ -276,13 +284,12 @@ def test_two_nodes_of_a_pool_with_max_unavailable_1_never_disrupt_together(
         node.agent.start()
     wait_for(lambda: len(calm.vfs()) == 4, "the node that evicts nothing resized", 30)
     wait_for(lambda: all(len(n.vfs()) == 4 for n in pair), "both pool nodes resized", 60)
-    wait_for(
-        lambda: all(w[1] for w in windows.values()) and len(windows) == 2, "both slots released", 30
-    )
+    wait_for(both_released, "both slots released", 30)
     (first, second) = sorted(windows.values())
     assert first[1] <= second[0], f"disruption windows overlap: {windows}"
-    for node in pair:
-        assert node.state()["status"]["syncStatus"] == "Succeeded"
+    assert reported == {n.name: "Succeeded" for n in pair}, (
+        f"a slot released before its node said so: {reported}"
+    )
 
 
 def test_the_docs_example_is_what_the_agent_writes(
