@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from ipaddress import ip_interface
 from pathlib import Path
 from typing import Any
@@ -35,9 +34,6 @@ from delegates.ipam.whereabouts.stock import Stock
 log = logging.getLogger("plexus.ipam")
 
 ATTEMPTS = 100  # as whereabouts' DatastoreRetries
-SIDE_THREADS = 32
-"""Rewrites and refills of addresses reserved ahead (stock.py) in flight at once: one per
-concurrent ADD (the daemon serves 32 by default)."""
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
@@ -48,18 +44,18 @@ class Allocator:
         self.store = store
         self.node = node
         self.slices = slices
-        self._side = ThreadPoolExecutor(max_workers=SIDE_THREADS, thread_name_prefix="ipam")
         self.stock: Stock | None = None
 
     def reserve_ahead(self, size: int, journal: Path) -> None:
         """Keep `size` addresses reserved per pool for ADDs to take (whereabouts/stock.py),
         after finishing the rewrites a previous daemon left and giving back its leftovers."""
-        self.stock = Stock(self, size, journal, self._side)
+        self.stock = Stock(self, size, journal)
         self.stock.recover()
         self.stock.drop(self.node)
 
     def close(self) -> None:
-        self._side.shutdown(wait=False)
+        if self.stock is not None:
+            self.stock.close()
 
     # ---- ADD -----------------------------------------------------------------
 

@@ -58,6 +58,9 @@ class Allocator(Protocol):
 log = logging.getLogger("plexus.ipam")
 
 PREFIX = "plexus-reserved-"
+SIDE_THREADS = 32
+"""Rewrites and refills in flight at once: one per concurrent ADD (the daemon serves 32
+by default)."""
 
 
 def owner(namespace: str, node: str) -> str:
@@ -68,11 +71,11 @@ def owner(namespace: str, node: str) -> str:
 class Stock:
     """The node's reserved addresses, per pool, and the rewrites in flight."""
 
-    def __init__(self, allocator: Allocator, size: int, journal: Path, side: ThreadPoolExecutor):
+    def __init__(self, allocator: Allocator, size: int, journal: Path):
         self.allocator = allocator
         self.size = size
         self.journal = journal
-        self.side = side
+        self.side = ThreadPoolExecutor(max_workers=SIDE_THREADS, thread_name_prefix="ipam-stock")
         self.podref = owner(allocator.store.namespace, allocator.node)
         self._free: dict[str, deque[tuple[str, int, str]]] = {}
         self._filling: set[str] = set()
@@ -187,7 +190,7 @@ class Stock:
             with self._lock:
                 self._filling.discard(name)
 
-    # ---- start, dead nodes ---------------------------------------------------------------
+    # ---- start, stop, dead nodes ---------------------------------------------------------
 
     def recover(self) -> None:
         """Finish the rewrites a previous daemon left in the journal."""
@@ -196,6 +199,10 @@ class Stock:
                 self._rewrite(json.loads(path.read_text()), path)
             except (OSError, ValueError) as exc:
                 log.warning("whereabouts: journal entry unreadable", extra={"error": str(exc)})
+
+    def close(self) -> None:
+        """Stop taking work; rewrites in flight finish (the journal covers a crash)."""
+        self.side.shutdown(wait=False)
 
     def drop(self, node: str) -> int:
         """Release `node`'s reservations (this node's: except those it holds now)."""
